@@ -1,0 +1,65 @@
+// Every RAILNET_* setting, declared once: type, field, environment variable, default, and what it does.
+// Values come from the environment the first time settings() is called; a value that does not parse is
+// reported (WARN) and the default is used instead.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string>
+
+// X(type, field, ENV_NAME, default, doc)
+#define RAILNET_SETTINGS(X)                                                                                       \
+  X(String, ifname, "RAILNET_IFNAME", "",                                                                         \
+    "Interfaces railnet may use, NCCL_SOCKET_IFNAME syntax: comma-separated prefixes, '^' to exclude, '=' for "   \
+    "exact names. Empty: every interface that is up except lo and docker*, or lo when nothing else is up.")       \
+  X(String, socketFamily, "RAILNET_SOCKET_FAMILY", "",                                                            \
+    "AF_INET or AF_INET6 to force the address family of each interface; empty prefers IPv4.")                     \
+  X(Int, tcpStreams, "RAILNET_TCP_STREAMS", 8,                                                                    \
+    "Data streams (TCP connections) per railnet connection; large messages are split across them. 1..64.")        \
+  X(Int, tcpThreads, "RAILNET_TCP_THREADS", 0,                                                                    \
+    "Helper threads in the process-wide pool that moves data-stream bytes; 0 picks min(streams, cores, 16).")     \
+  X(Int, tcpInlineBytes, "RAILNET_TCP_INLINE_BYTES", 8192,                                                        \
+    "Messages up to this size travel inline on the control connection, sent by the calling thread.")              \
+  X(Int, tcpMinChunkBytes, "RAILNET_TCP_MIN_CHUNK_BYTES", 65536,                                                  \
+    "Smallest piece a large message is split into across data streams (rounded to 4 KiB).")                       \
+  X(Int, tcpSpinUs, "RAILNET_TCP_SPIN_US", 50,                                                                    \
+    "How long a helper thread busy-polls its sockets before it sleeps in epoll_wait.")                            \
+  X(Int, tcpSocketBufferBytes, "RAILNET_TCP_SOCKET_BUFFER_BYTES", 0,                                              \
+    "SO_SNDBUF/SO_RCVBUF for data streams; 0 keeps the kernel's auto-tuning.")                                    \
+  X(Int, tcpNotSentLowat, "RAILNET_TCP_NOTSENT_LOWAT", 0,                                                         \
+    "TCP_NOTSENT_LOWAT for data streams in bytes; 0 leaves it unset.")                                            \
+  X(Int, peerTimeoutMs, "RAILNET_PEER_TIMEOUT_MS", 2000,                                                          \
+    "A peer whose socket stays silent with data unacknowledged this long (TCP_USER_TIMEOUT, keepalive) fails "    \
+    "its requests.")                                                                                              \
+  X(Int, strayTimeoutMs, "RAILNET_STRAY_TIMEOUT_MS", 10000,                                                       \
+    "An accepted connection that has not sent a valid hello in this time is dropped and logged.")                 \
+  X(Int, tcpSpeedMbps, "RAILNET_TCP_SPEED_MBPS", 0,                                                               \
+    "Speed reported to NCCL for TCP devices; 0 reads /sys/class/net/<if>/speed (100000 for loopback).")
+
+namespace railnet {
+
+struct Settings {
+#define RAILNET_SETTING_FIELD_String(field, def) std::string field = def;
+#define RAILNET_SETTING_FIELD_Int(field, def) int64_t field = def;
+#define RAILNET_SETTING_FIELD(type, field, env, def, doc) RAILNET_SETTING_FIELD_##type(field, def)
+  RAILNET_SETTINGS(RAILNET_SETTING_FIELD)
+#undef RAILNET_SETTING_FIELD
+};
+
+// One row of the table, for documentation and tools.
+struct SettingInfo {
+  const char* type;
+  const char* env;
+  const char* defaultValue;
+  const char* doc;
+};
+
+// The process-wide values, read from the environment on first use.
+const Settings& settings();
+
+// Parse `env` (a getenv-like lookup) into a Settings; used by settings() and by tests.
+Settings loadSettings(const char* (*lookup)(const char* name));
+
+std::span<const SettingInfo> settingsTable();
+
+}  // namespace railnet

@@ -1,0 +1,93 @@
+#include "proxy/tcp/connection.h"
+
+#include <cstring>
+
+#include "railnet/error.h"
+#include "railnet/log.h"
+
+namespace railnet::tcp {
+
+Connection::Connection(Fd control, std::vector<Fd> data, const SocketAddress& peer, const char* direction)
+    : control_(std::move(control)),
+      peerName_(peer.toString()),
+      direction_(direction),
+      pendingData_(std::move(data)) {}
+
+Connection::~Connection() { stop(); }
+
+void Connection::start(StreamOwner* owner) {
+  engine_ = Engine::acquire();
+  for (size_t i = 0; i < pendingData_.size(); ++i) {
+    streams_.push_back(std::make_unique<Stream>(std::move(pendingData_[i]), owner, static_cast<int>(i)));
+  }
+  pendingData_.clear();
+  for (auto& stream : streams_) engine_->attach(stream.get());
+  started_ = true;
+}
+
+void Connection::stop() {
+  if (!started_) return;
+  started_ = false;
+  for (auto& stream : streams_) engine_->detach(stream.get());
+  streams_.clear();
+  engine_.reset();
+}
+
+void Connection::queueControl(const void* first, size_t firstSize, const void* second, size_t secondSize) {
+  // Drop what was already written before growing the buffer, so it never holds sent bytes for long.
+  if (controlOutSent_ == controlOut_.size()) {
+    controlOut_.clear();
+    controlOutSent_ = 0;
+  }
+  const char* a = static_cast<const char*>(first);
+  controlOut_.insert(controlOut_.end(), a, a + firstSize);
+  if (secondSize > 0) {
+    const char* b = static_cast<const char*>(second);
+    controlOut_.insert(controlOut_.end(), b, b + secondSize);
+  }
+}
+
+bool Connection::flushControl() {
+  while (controlOutSent_ < controlOut_.size()) {
+    ssize_t sent = writeSome(control_.get(), controlOut_.data() + controlOutSent_, controlOut_.size() - controlOutSent_);
+    if (sent == 0) return true;
+    if (sent < 0) {
+      recordFailure("control connection: " + errnoText(static_cast<int>(-sent)));
+      return false;
+    }
+    controlOutSent_ += static_cast<size_t>(sent);
+  }
+  controlOut_.clear();
+  controlOutSent_ = 0;
+  return true;
+}
+
+void Connection::recordFailure(const std::string& why) {
+  {
+    std::lock_guard<std::mutex> lock(failureMutex_);
+    if (!failure_.empty()) return;
+    failure_ = why;
+  }
+  failed_.store(true, std::memory_order_release);
+}
+
+ncclResult_t Connection::reportFailure() {
+  if (!reported_.exchange(true)) {
+    RN_WARN("NET/railnet: %s connection with %s failed: %s", direction_, peerName_.c_str(), failure().c_str());
+  }
+  return ncclSystemError;
+}
+
+std::string Connection::failure() const {
+  std::lock_guard<std::mutex> lock(failureMutex_);
+  return failure_;
+}
+
+std::unique_ptr<MemoryRegion> registerHostMemory(void* data, size_t size, int type) {
+  if (type != NCCL_PTR_HOST) {
+    fail(ncclInvalidArgument, "NET/railnet: the TCP transport registers host memory only (type %d asked)", type);
+  }
+  return std::make_unique<HostRegion>(data, size);
+}
+
+}  // namespace railnet::tcp

@@ -1,0 +1,211 @@
+#include "proxy/tcp/send_comm.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "railnet/error.h"
+#include "railnet/log.h"
+#include "railnet/settings.h"
+
+namespace railnet::tcp {
+namespace {
+// NCCL keeps 32 receives in flight, each of up to 8 buffers: 256 sends; twice that leaves headroom.
+constexpr size_t kSendRequests = 2 * NCCL_NET_MAX_REQUESTS * kMaxRecvs;
+constexpr auto kStallWarning = std::chrono::seconds(10);
+}  // namespace
+
+ncclResult_t SendRequest::test(int* done, int* sizes) noexcept { return comm_->testRequest(this, done, sizes); }
+
+TcpSendComm::TcpSendComm(Fd control, std::vector<Fd> data, const SocketAddress& peer)
+    : link_(std::move(control), std::move(data), peer, "send") {
+  const Settings& config = settings();
+  inlineBytes_ = static_cast<uint64_t>(std::max<int64_t>(config.tcpInlineBytes, 0));
+  minChunkBytes_ = static_cast<uint64_t>(std::max<int64_t>(config.tcpMinChunkBytes, 4096));
+  requests_.reserve(kSendRequests);
+  for (size_t i = 0; i < kSendRequests; ++i) {
+    requests_.push_back(std::make_unique<SendRequest>());
+    requests_.back()->comm_ = this;
+    freeRequests_.push_back(requests_.back().get());
+  }
+  link_.start(this);
+}
+
+TcpSendComm::~TcpSendComm() { link_.stop(); }
+
+std::unique_ptr<MemoryRegion> TcpSendComm::regMr(void* data, size_t size, int type) {
+  return registerHostMemory(data, size, type);
+}
+
+std::unique_ptr<MemoryRegion> TcpSendComm::regMrDmaBuf(void*, size_t, int, uint64_t, int) {
+  return registerHostMemory(nullptr, 0, NCCL_PTR_DMABUF);
+}
+
+void TcpSendComm::pumpControl() {
+  if (!link_.flushControl()) return;
+  for (;;) {
+    ssize_t got;
+    if (frameBytes_ < sizeof(FrameHeader)) {
+      got = readSome(link_.controlFd(), reinterpret_cast<char*>(&frame_) + frameBytes_, sizeof(FrameHeader) - frameBytes_);
+    } else {
+      size_t want = static_cast<size_t>(frame_.slot) * sizeof(ClearToSendEntry);
+      got = readSome(link_.controlFd(), reinterpret_cast<char*>(entries_) + entryBytes_, want - entryBytes_);
+    }
+    if (got == 0) return;
+    if (got == kEndOfStream) {
+      link_.recordFailure("the receiver closed the connection");
+      return;
+    }
+    if (got < 0) {
+      link_.recordFailure("control connection: " + errnoText(static_cast<int>(-got)));
+      return;
+    }
+    if (frameBytes_ < sizeof(FrameHeader)) {
+      frameBytes_ += static_cast<size_t>(got);
+      if (frameBytes_ < sizeof(FrameHeader)) continue;
+      if (frame_.type != static_cast<uint8_t>(FrameType::kClearToSend) || frame_.slot < 1 || frame_.slot > kMaxRecvs) {
+        link_.recordFailure("protocol error: unexpected control frame type " + std::to_string(frame_.type));
+        return;
+      }
+      continue;
+    }
+    entryBytes_ += static_cast<size_t>(got);
+    if (entryBytes_ < static_cast<size_t>(frame_.slot) * sizeof(ClearToSendEntry)) continue;
+    PostedReceive receive{};
+    receive.recvId = frame_.recvId;
+    receive.count = frame_.slot;
+    memcpy(receive.entries, entries_, sizeof(ClearToSendEntry) * static_cast<size_t>(receive.count));
+    posted_.push_back(receive);
+    frameBytes_ = 0;
+    entryBytes_ = 0;
+  }
+}
+
+void TcpSendComm::warnIfStalled(int tag) {
+  auto now = std::chrono::steady_clock::now();
+  if (stalledSince_ == std::chrono::steady_clock::time_point{}) {
+    stalledSince_ = now;
+    return;
+  }
+  if (stallWarned_ || now - stalledSince_ < kStallWarning || posted_.empty()) return;
+  // Receives are posted but none for this tag: a tag mismatch would otherwise wait forever without a word.
+  std::string tags;
+  for (const PostedReceive& receive : posted_) {
+    for (int i = 0; i < receive.count; ++i) {
+      if ((receive.usedMask & (1u << i)) == 0) tags += " " + std::to_string(receive.entries[i].tag);
+    }
+  }
+  RN_WARN("NET/railnet: send with tag %d to %s has waited %lds for a matching receive; open receive tags:%s", tag,
+          link_.peerName().c_str(), static_cast<long>(kStallWarning.count()), tags.c_str());
+  stallWarned_ = true;
+}
+
+ncclResult_t TcpSendComm::isend(void* data, size_t size, int tag, MemoryRegion*, Request** request) noexcept {
+  *request = nullptr;
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (!link_.failed()) pumpControl();
+  if (link_.failed()) return link_.reportFailure();
+
+  // The k-th send with tag t takes tag t's buffer in the k-th posted receive that lists t.
+  PostedReceive* match = nullptr;
+  int slot = -1;
+  for (PostedReceive& receive : posted_) {
+    for (int i = 0; i < receive.count && slot < 0; ++i) {
+      if ((receive.usedMask & (1u << i)) == 0 && receive.entries[i].tag == tag) slot = i;
+    }
+    if (slot >= 0) {
+      match = &receive;
+      break;
+    }
+  }
+  if (match == nullptr) {
+    warnIfStalled(tag);
+    return ncclSuccess;
+  }
+  stalledSince_ = {};
+  stallWarned_ = false;
+  match->usedMask = static_cast<uint8_t>(match->usedMask | (1u << slot));
+  uint32_t recvId = match->recvId;
+  uint64_t capacity = match->entries[slot].capacity;
+  while (!posted_.empty() && posted_.front().usedMask == (1u << posted_.front().count) - 1) posted_.pop_front();
+
+  if (size > capacity) {
+    // Tell the receiver too, so both sides fail this message and nothing waits for it.
+    FrameHeader oversize{static_cast<uint8_t>(FrameType::kOversize), static_cast<uint8_t>(slot), 0, recvId, size};
+    link_.queueControl(&oversize, sizeof(oversize));
+    link_.flushControl();
+    RN_WARN("NET/railnet: send of %zu bytes (tag %d) to %s is larger than the posted receive buffer of %lu bytes", size,
+            tag, link_.peerName().c_str(), static_cast<unsigned long>(capacity));
+    return ncclInvalidUsage;
+  }
+  if (freeRequests_.empty()) {
+    RN_WARN("NET/railnet: more than %zu sends in flight to %s", kSendRequests, link_.peerName().c_str());
+    return ncclInternalError;
+  }
+  SendRequest* sendRequest = freeRequests_.back();
+  freeRequests_.pop_back();
+  sendRequest->size_ = size;
+
+  if (size <= inlineBytes_) {
+    // Inline: the bytes are copied into the control queue, so the send is complete at once.
+    FrameHeader header{static_cast<uint8_t>(FrameType::kInline), static_cast<uint8_t>(slot), 0, recvId, size};
+    link_.queueControl(&header, sizeof(header), data, size);
+    sendRequest->pendingChunks_.store(0, std::memory_order_relaxed);
+    link_.flushControl();
+  } else {
+    sendStreamed(sendRequest, static_cast<const char*>(data), size, recvId, slot);
+  }
+  *request = sendRequest;
+  return ncclSuccess;
+}
+
+void TcpSendComm::sendStreamed(SendRequest* request, const char* data, uint64_t size, uint32_t recvId, int slot) {
+  int streams = link_.streamCount();
+  uint64_t chunk = chunkSizeFor(size, streams, minChunkBytes_);
+  int chunks = static_cast<int>((size + chunk - 1) / chunk);
+  request->pendingChunks_.store(chunks, std::memory_order_relaxed);
+  for (int i = 0; i < chunks; ++i) {
+    uint64_t offset = static_cast<uint64_t>(i) * chunk;
+    // Least-queued stream first, starting from a rotating point: a slow stream gets less new work.
+    int best = static_cast<int>(nextStream_++ % static_cast<uint32_t>(streams));
+    for (int k = 1; k < streams; ++k) {
+      int candidate = (best + k) % streams;
+      if (link_.stream(candidate).queuedBytes() < link_.stream(best).queuedBytes()) best = candidate;
+    }
+    SendOp op{};
+    op.header.recvId = recvId;
+    op.header.slot = static_cast<uint8_t>(slot);
+    op.header.messageSize = size;
+    op.header.offset = offset;
+    op.header.length = std::min(chunk, size - offset);
+    op.data = data + offset;
+    op.pending = &request->pendingChunks_;
+    link_.stream(best).enqueue(op);
+  }
+}
+
+ncclResult_t TcpSendComm::testRequest(SendRequest* request, int* done, int* sizes) noexcept {
+  *done = 0;
+  if (request->pendingChunks_.load(std::memory_order_acquire) == 0) {
+    *done = 1;
+    if (sizes != nullptr) *sizes = static_cast<int>(request->size_);
+    std::lock_guard<std::mutex> lock(mutex_);
+    freeRequests_.push_back(request);
+    return ncclSuccess;
+  }
+  if (link_.failed()) return link_.reportFailure();
+  // Keep clear-to-sends flowing while the proxy thread polls; skip if another thread is already at it.
+  std::unique_lock<std::mutex> lock(mutex_, std::try_to_lock);
+  if (lock.owns_lock()) pumpControl();
+  return link_.failed() ? link_.reportFailure() : ncclSuccess;
+}
+
+char* TcpSendComm::resolveChunk(const ChunkHeader&) noexcept { return nullptr; }
+
+void TcpSendComm::chunkReceived(const ChunkHeader&) noexcept {}
+
+void TcpSendComm::streamFailed(int streamIndex, const char* why, bool) noexcept {
+  // The receiver never writes on data streams: end-of-stream or an error both mean it is gone.
+  link_.recordFailure("data stream " + std::to_string(streamIndex) + ": " + why);
+}
+
+}  // namespace railnet::tcp

@@ -1,0 +1,73 @@
+// The sending end of a railnet TCP connection. Receiver-driven: isend waits (returns a NULL request) until
+// the receiver's clear-to-send for a buffer with the same tag has arrived, so every byte has a known home
+// before it leaves. Small messages go inline on the control socket from the calling thread; larger ones
+// are split into chunks that the engine's helper threads write on the data streams.
+#pragma once
+
+#include <chrono>
+#include <deque>
+
+#include "proxy/tcp/connection.h"
+
+namespace railnet::tcp {
+
+class TcpSendComm;
+
+class SendRequest final : public Request {
+ public:
+  ncclResult_t test(int* done, int* sizes) noexcept override;
+
+ private:
+  friend class TcpSendComm;
+  TcpSendComm* comm_ = nullptr;
+  std::atomic<int> pendingChunks_{0};
+  uint64_t size_ = 0;
+};
+
+class TcpSendComm final : public SendComm, private StreamOwner {
+ public:
+  TcpSendComm(Fd control, std::vector<Fd> data, const SocketAddress& peer);
+  ~TcpSendComm() override;
+
+  std::unique_ptr<MemoryRegion> regMr(void* data, size_t size, int type) override;
+  std::unique_ptr<MemoryRegion> regMrDmaBuf(void* data, size_t size, int type, uint64_t offset, int fd) override;
+  ncclResult_t isend(void* data, size_t size, int tag, MemoryRegion* mr, Request** request) noexcept override;
+
+ private:
+  friend class SendRequest;
+  // A receive the peer posted, as its clear-to-send described it.
+  struct PostedReceive {
+    uint32_t recvId;
+    int count;
+    ClearToSendEntry entries[kMaxRecvs];
+    uint8_t usedMask;
+  };
+
+  ncclResult_t testRequest(SendRequest* request, int* done, int* sizes) noexcept;
+  // Reads clear-to-send frames and flushes queued control bytes. Caller holds mutex_.
+  void pumpControl();
+  void sendStreamed(SendRequest* request, const char* data, uint64_t size, uint32_t recvId, int slot);
+  void warnIfStalled(int tag);
+
+  char* resolveChunk(const ChunkHeader& header) noexcept override;
+  void chunkReceived(const ChunkHeader& header) noexcept override;
+  void streamFailed(int streamIndex, const char* why, bool endOfStream) noexcept override;
+
+  Connection link_;
+  uint64_t inlineBytes_;
+  uint64_t minChunkBytes_;
+
+  std::mutex mutex_;
+  std::deque<PostedReceive> posted_;  // guarded by mutex_
+  FrameHeader frame_{};               // clear-to-send being read
+  size_t frameBytes_ = 0;
+  ClearToSendEntry entries_[kMaxRecvs]{};
+  size_t entryBytes_ = 0;
+  std::vector<std::unique_ptr<SendRequest>> requests_;
+  std::vector<SendRequest*> freeRequests_;  // guarded by mutex_
+  uint32_t nextStream_ = 0;
+  std::chrono::steady_clock::time_point stalledSince_{};
+  bool stallWarned_ = false;
+};
+
+}  // namespace railnet::tcp

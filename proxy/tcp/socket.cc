@@ -1,0 +1,150 @@
+#include "proxy/tcp/socket.h"
+
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include <cerrno>
+
+#include "railnet/error.h"
+#include "topo/netif.h"
+
+namespace railnet::tcp {
+
+void Fd::reset(int fd) {
+  if (fd_ >= 0) ::close(fd_);
+  fd_ = fd;
+}
+
+std::string SocketAddress::toString() const { return topo::formatAddress(get()); }
+
+namespace {
+
+void setOption(int fd, int level, int name, int value, const char* what) {
+  if (setsockopt(fd, level, name, &value, sizeof(value)) != 0) {
+    int err = errno;
+    fail(ncclSystemError, "NET/railnet: setsockopt(%s=%d) failed: %s", what, value, errnoText(err).c_str());
+  }
+}
+
+}  // namespace
+
+Fd listenOn(const SocketAddress& address, SocketAddress* bound) {
+  Fd fd(socket(address.storage.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0));
+  if (!fd.valid()) {
+    int err = errno;
+    fail(ncclSystemError, "NET/railnet: socket() failed: %s", errnoText(err).c_str());
+  }
+  setOption(fd.get(), SOL_SOCKET, SO_REUSEADDR, 1, "SO_REUSEADDR");
+  if (bind(fd.get(), address.get(), address.length) != 0) {
+    int err = errno;
+    fail(ncclSystemError, "NET/railnet: bind to %s failed: %s", address.toString().c_str(), errnoText(err).c_str());
+  }
+  // A deep backlog: every railnet connection opens 1 + streams sockets at once.
+  if (::listen(fd.get(), 16384) != 0) {
+    int err = errno;
+    fail(ncclSystemError, "NET/railnet: listen on %s failed: %s", address.toString().c_str(), errnoText(err).c_str());
+  }
+  bound->length = sizeof(bound->storage);
+  if (getsockname(fd.get(), reinterpret_cast<sockaddr*>(&bound->storage), &bound->length) != 0) {
+    int err = errno;
+    fail(ncclSystemError, "NET/railnet: getsockname failed: %s", errnoText(err).c_str());
+  }
+  return fd;
+}
+
+Fd startConnect(const SocketAddress& address) {
+  Fd fd(socket(address.storage.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0));
+  if (!fd.valid()) {
+    int err = errno;
+    fail(ncclSystemError, "NET/railnet: socket() failed: %s", errnoText(err).c_str());
+  }
+  if (::connect(fd.get(), address.get(), address.length) != 0 && errno != EINPROGRESS) {
+    int err = errno;
+    fail(ncclSystemError, "NET/railnet: connect to %s failed: %s", address.toString().c_str(),
+         errnoText(err).c_str());
+  }
+  return fd;
+}
+
+int connectFinished(int fd, const SocketAddress& peer) {
+  pollfd entry{fd, POLLOUT, 0};
+  int ready = poll(&entry, 1, 0);
+  if (ready == 0) return 0;
+  if (ready < 0) {
+    int err = errno;
+    if (err == EINTR) return 0;
+    fail(ncclSystemError, "NET/railnet: poll failed: %s", errnoText(err).c_str());
+  }
+  int err = 0;
+  socklen_t length = sizeof(err);
+  if (getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &length) != 0) err = errno;
+  if (err != 0) {
+    fail(ncclSystemError, "NET/railnet: connect to %s failed: %s", peer.toString().c_str(), errnoText(err).c_str());
+  }
+  return 1;
+}
+
+void configureStream(int fd, const StreamOptions& options) {
+  setOption(fd, IPPROTO_TCP, TCP_NODELAY, 1, "TCP_NODELAY");
+  if (options.peerTimeoutMs > 0) {
+    // Unacknowledged data or silent keepalives for this long fail the socket, so a vanished peer is noticed.
+    int seconds = options.peerTimeoutMs >= 2000 ? options.peerTimeoutMs / 1000 : 1;
+    setOption(fd, IPPROTO_TCP, TCP_USER_TIMEOUT, options.peerTimeoutMs, "TCP_USER_TIMEOUT");
+    setOption(fd, SOL_SOCKET, SO_KEEPALIVE, 1, "SO_KEEPALIVE");
+    setOption(fd, IPPROTO_TCP, TCP_KEEPIDLE, seconds, "TCP_KEEPIDLE");
+    setOption(fd, IPPROTO_TCP, TCP_KEEPINTVL, 1, "TCP_KEEPINTVL");
+    setOption(fd, IPPROTO_TCP, TCP_KEEPCNT, 2, "TCP_KEEPCNT");
+  }
+  if (options.bufferBytes > 0) {
+    setOption(fd, SOL_SOCKET, SO_SNDBUF, options.bufferBytes, "SO_SNDBUF");
+    setOption(fd, SOL_SOCKET, SO_RCVBUF, options.bufferBytes, "SO_RCVBUF");
+  }
+  if (options.notSentLowat > 0) setOption(fd, IPPROTO_TCP, TCP_NOTSENT_LOWAT, options.notSentLowat, "TCP_NOTSENT_LOWAT");
+}
+
+SocketAddress peerAddress(int fd) {
+  SocketAddress address;
+  address.length = sizeof(address.storage);
+  if (getpeername(fd, reinterpret_cast<sockaddr*>(&address.storage), &address.length) != 0) address.length = 0;
+  return address;
+}
+
+ssize_t readSome(int fd, void* data, size_t size) {
+  for (;;) {
+    ssize_t got = recv(fd, data, size, MSG_DONTWAIT);
+    if (got > 0) return got;
+    if (got == 0) return size == 0 ? 0 : kEndOfStream;
+    if (errno == EINTR) continue;
+    if (errno == EAGAIN || errno == EWOULDBLOCK) return 0;
+    return -errno;
+  }
+}
+
+ssize_t writeSome(int fd, const void* data, size_t size) {
+  for (;;) {
+    ssize_t sent = send(fd, data, size, MSG_DONTWAIT | MSG_NOSIGNAL);
+    if (sent >= 0) return sent;
+    if (errno == EINTR) continue;
+    if (errno == EAGAIN || errno == EWOULDBLOCK) return 0;
+    return -errno;
+  }
+}
+
+ssize_t writeVector(int fd, const iovec* iov, int count) {
+  msghdr message{};
+  message.msg_iov = const_cast<iovec*>(iov);
+  message.msg_iovlen = static_cast<size_t>(count);
+  for (;;) {
+    ssize_t sent = sendmsg(fd, &message, MSG_DONTWAIT | MSG_NOSIGNAL);
+    if (sent >= 0) return sent;
+    if (errno == EINTR) continue;
+    if (errno == EAGAIN || errno == EWOULDBLOCK) return 0;
+    return -errno;
+  }
+}
+
+}  // namespace railnet::tcp

@@ -1,0 +1,89 @@
+// railnet's TCP wire formats: the 128-byte listen handle, the hello every socket opens with, the control
+// frames, and the header in front of each data chunk. All integers are little-endian host order: both ends
+// are x86-64/aarch64 little-endian hosts running the same wire version, which the hello checks.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "proxy/tcp/socket.h"
+#include "railnet/nccl/common.h"
+
+namespace railnet::tcp {
+
+constexpr uint32_t kHandleMagic = 0x43544e52;  // "RNTC"
+constexpr uint32_t kHelloMagic = 0x4c484e52;   // "RNHL"
+constexpr uint16_t kWireVersion = 1;
+constexpr int kMaxStreams = 64;
+constexpr int kMaxRecvs = 8;
+
+// What listen() writes into NCCL's handle buffer; NCCL carries it to the connecting peer.
+struct Handle {
+  uint32_t magic;
+  uint16_t version;
+  uint16_t reserved;
+  uint8_t address[28];  // sockaddr_in or sockaddr_in6 of the listening socket
+  uint32_t reserved2;
+  uint64_t secret[2];    // random; a connection must present it in its hello
+  uint64_t connectToken; // 0 as listen writes it; connect() keeps its in-progress state's id here
+  uint8_t unused[64];
+};
+static_assert(sizeof(Handle) == NCCL_NET_HANDLE_MAXSIZE);
+static_assert(offsetof(Handle, address) == 8);
+static_assert(offsetof(Handle, secret) == 40);
+
+enum class StreamRole : uint16_t { kControl = 0, kData = 1 };
+
+// First bytes on every socket, client to server.
+struct Hello {
+  uint32_t magic;
+  uint16_t version;
+  uint16_t role;  // StreamRole
+  uint64_t secret[2];
+  uint64_t connectionId;  // random per connect(); groups the sockets of one connection
+  uint16_t streamIndex;   // data streams: 0..streamCount-1
+  uint16_t streamCount;   // data streams in this connection
+  int16_t railId;         // sender's rail, for telemetry
+  uint16_t reserved;
+};
+static_assert(sizeof(Hello) == 40);
+
+// Checks a hello against the listener's secret; returns nullptr when valid, else why not.
+const char* validateHello(const Hello& hello, const uint64_t secret[2]);
+
+// Control frames. Receiver -> sender: kClearToSend. Sender -> receiver: kInline, kOversize.
+enum class FrameType : uint8_t { kClearToSend = 1, kInline = 2, kOversize = 3 };
+
+struct FrameHeader {
+  uint8_t type;    // FrameType
+  uint8_t slot;    // buffer index within the grouped receive (kInline/kOversize); n for kClearToSend
+  uint16_t reserved;
+  uint32_t recvId; // sequence number of the receive, per connection
+  uint64_t size;   // payload bytes (kInline), sender's size (kOversize); unused for kClearToSend
+};
+static_assert(sizeof(FrameHeader) == 16);
+
+// Follows a kClearToSend header, one per buffer of the receive.
+struct ClearToSendEntry {
+  int32_t tag;
+  uint32_t reserved;
+  uint64_t capacity;
+};
+static_assert(sizeof(ClearToSendEntry) == 16);
+
+// In front of every chunk on a data stream; chunks are self-describing, so any stream may carry any chunk.
+struct ChunkHeader {
+  uint32_t recvId;
+  uint8_t slot;
+  uint8_t reserved[3];
+  uint64_t messageSize;  // total bytes of the message this chunk belongs to
+  uint64_t offset;
+  uint64_t length;
+};
+static_assert(sizeof(ChunkHeader) == 32);
+
+// Splitting a message of `size` bytes over `streams` streams: piece size, a multiple of 4 KiB, at least
+// minChunk, and at most ceil(size / streams) rounded up so every stream gets work.
+uint64_t chunkSizeFor(uint64_t size, int streams, uint64_t minChunk);
+
+}  // namespace railnet::tcp

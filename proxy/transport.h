@@ -1,0 +1,90 @@
+// The interface every railnet transport implements: NCCL's net semantics (ABI v12) in C++ form.
+// plugin/ adapts each NCCL ABI version onto it; transports live below it in proxy/.
+//
+// Conventions:
+//  - Setup calls (listen/connect/accept/regMr/deregMr/close) may throw railnet::Error.
+//  - Data-path calls (isend/irecv/iflush/test) never throw: they return ncclResult_t and log their reason.
+//  - A null *request / *comm with ncclSuccess means "not yet, call again" exactly as in NCCL.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "railnet/nccl/common.h"
+
+namespace railnet {
+
+struct DeviceInfo {
+  std::string name;     // unique across the transport's devices
+  std::string pciPath;  // empty when the device has no PCI function
+  uint64_t guid = 0;
+  int ptrSupport = NCCL_PTR_HOST;
+  bool regIsGlobal = false;
+  bool forceFlush = false;
+  int speedMbps = 0;
+  int port = 1;
+  float latencyUs = 0;
+  int maxComms = 65536;
+  int maxRecvs = 1;
+  size_t maxP2pBytes = NCCL_MAX_NET_SIZE_BYTES;
+  int16_t railId = NCCL_NET_ID_UNDEF;
+  int16_t planeId = NCCL_NET_ID_UNDEF;
+};
+
+// A request handed back to NCCL as `void*`.
+class Request {
+ public:
+  virtual ~Request() = default;
+  // sizes: NULL, or room for one int per buffer of the request. Once *done is set, the request is the
+  // transport's again and must not be used by the caller.
+  virtual ncclResult_t test(int* done, int* sizes) noexcept = 0;
+};
+
+class MemoryRegion {
+ public:
+  virtual ~MemoryRegion() = default;
+};
+
+class Comm {
+ public:
+  virtual ~Comm() = default;
+  virtual std::unique_ptr<MemoryRegion> regMr(void* data, size_t size, int type) = 0;
+  virtual std::unique_ptr<MemoryRegion> regMrDmaBuf(void* data, size_t size, int type, uint64_t offset, int fd) = 0;
+};
+
+class SendComm : public Comm {
+ public:
+  virtual ncclResult_t isend(void* data, size_t size, int tag, MemoryRegion* mr, Request** request) noexcept = 0;
+};
+
+class RecvComm : public Comm {
+ public:
+  virtual ncclResult_t irecv(int n, void** data, const size_t* sizes, const int* tags, MemoryRegion** mrs,
+                             Request** request) noexcept = 0;
+  virtual ncclResult_t iflush(int n, void** data, const int* sizes, MemoryRegion** mrs,
+                              Request** request) noexcept = 0;
+};
+
+class ListenComm {
+ public:
+  virtual ~ListenComm() = default;
+  // Leaves *comm empty while the connection is still being established.
+  virtual void accept(std::unique_ptr<RecvComm>* comm) = 0;
+};
+
+class Transport {
+ public:
+  virtual ~Transport() = default;
+  virtual const char* name() const noexcept = 0;
+  virtual int deviceCount() const noexcept = 0;
+  virtual const DeviceInfo& device(int dev) const = 0;
+  // handle: NCCL_NET_HANDLE_MAXSIZE bytes that NCCL carries to the connecting peer.
+  virtual std::unique_ptr<ListenComm> listen(int dev, void* handle) = 0;
+  // Called again with the same handle buffer until *comm is set.
+  virtual void connect(int dev, void* handle, std::unique_ptr<SendComm>* comm) = 0;
+};
+
+}  // namespace railnet

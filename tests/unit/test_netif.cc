@@ -1,0 +1,51 @@
+#include <catch2/catch.hpp>
+
+#include <netinet/in.h>
+
+#include "topo/netif.h"
+
+using railnet::topo::InterfaceFilter;
+
+TEST_CASE("interface prefixes select by prefix", "[netif]") {
+  InterfaceFilter filter("eth,ib");
+  CHECK(filter.matches("eth0"));
+  CHECK(filter.matches("ib1"));
+  CHECK_FALSE(filter.matches("lo"));
+  CHECK_FALSE(filter.matches("en0"));
+}
+
+TEST_CASE("a caret excludes prefixes", "[netif]") {
+  InterfaceFilter filter("^docker,lo");
+  CHECK(filter.matches("eth0"));
+  CHECK_FALSE(filter.matches("docker0"));
+  CHECK_FALSE(filter.matches("lo"));
+}
+
+TEST_CASE("an equals sign makes names exact", "[netif]") {
+  InterfaceFilter exact("=eth0,eth2");
+  CHECK(exact.matches("eth0"));
+  CHECK_FALSE(exact.matches("eth01"));
+  CHECK_FALSE(exact.matches("eth1"));
+  InterfaceFilter excludeExact("^=eth0");
+  CHECK_FALSE(excludeExact.matches("eth0"));
+  CHECK(excludeExact.matches("eth01"));
+}
+
+TEST_CASE("an empty spec is empty", "[netif]") {
+  CHECK(InterfaceFilter("").empty());
+  CHECK_FALSE(InterfaceFilter("lo").empty());
+}
+
+TEST_CASE("loopback is found when asked for by name", "[netif]") {
+  auto found = railnet::topo::discoverInterfaces("lo", "AF_INET");
+  REQUIRE(found.size() == 1);
+  CHECK(found[0].name == "lo");
+  CHECK(found[0].loopback);
+  CHECK(found[0].family == AF_INET);
+  CHECK(found[0].pciPath.empty());
+  CHECK(railnet::topo::formatAddress(reinterpret_cast<const sockaddr*>(&found[0].address)) == "127.0.0.1:0");
+}
+
+TEST_CASE("an interface that does not exist selects nothing", "[netif]") {
+  CHECK(railnet::topo::discoverInterfaces("=no-such-if0", "").empty());
+}

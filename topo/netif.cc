@@ -1,0 +1,150 @@
+#include "topo/netif.h"
+
+#include <arpa/inet.h>
+#include <ifaddrs.h>
+#include <net/if.h>
+#include <netinet/in.h>
+
+#include <climits>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <memory>
+
+#include "railnet/log.h"
+
+namespace railnet::topo {
+
+InterfaceFilter::InterfaceFilter(std::string_view spec) {
+  if (!spec.empty() && spec.front() == '^') {
+    exclude_ = true;
+    spec.remove_prefix(1);
+  }
+  if (!spec.empty() && spec.front() == '=') {
+    exact_ = true;
+    spec.remove_prefix(1);
+  }
+  while (!spec.empty()) {
+    size_t comma = spec.find(',');
+    std::string_view item = spec.substr(0, comma);
+    if (!item.empty()) names_.emplace_back(item);
+    if (comma == std::string_view::npos) break;
+    spec.remove_prefix(comma + 1);
+  }
+}
+
+bool InterfaceFilter::matches(std::string_view ifname) const {
+  bool listed = false;
+  for (const std::string& name : names_) {
+    listed = exact_ ? ifname == name : ifname.substr(0, name.size()) == name;
+    if (listed) break;
+  }
+  return exclude_ ? !listed : listed;
+}
+
+namespace {
+
+std::string sysfsPciPath(const std::string& ifname) {
+  std::string link = "/sys/class/net/" + ifname + "/device";
+  char resolved[PATH_MAX];
+  if (realpath(link.c_str(), resolved) == nullptr) return {};
+  // Only PCI functions count; virtual devices (e.g. virtio on some platforms) still resolve under /sys/devices.
+  return strstr(resolved, "/pci") != nullptr ? std::string(resolved) : std::string();
+}
+
+int sysfsSpeed(const std::string& ifname) {
+  std::ifstream in("/sys/class/net/" + ifname + "/speed");
+  int speed = 0;
+  if (!(in >> speed) || speed < 0) return 0;
+  return speed;
+}
+
+int wantedFamily(std::string_view family) {
+  if (family == "AF_INET" || family == "4" || family == "ipv4") return AF_INET;
+  if (family == "AF_INET6" || family == "6" || family == "ipv6") return AF_INET6;
+  if (!family.empty()) {
+    RN_WARN("NET/railnet: RAILNET_SOCKET_FAMILY=%.*s is not AF_INET or AF_INET6; using any family",
+            static_cast<int>(family.size()), family.data());
+  }
+  return AF_UNSPEC;
+}
+
+bool usableAddress(const ifaddrs* entry) {
+  if (entry->ifa_addr == nullptr || (entry->ifa_flags & IFF_UP) == 0) return false;
+  int family = entry->ifa_addr->sa_family;
+  if (family == AF_INET6) {
+    // Link-local IPv6 needs a scope id on every peer; skip it as NCCL does.
+    auto* in6 = reinterpret_cast<const sockaddr_in6*>(entry->ifa_addr);
+    if (IN6_IS_ADDR_LINKLOCAL(&in6->sin6_addr)) return false;
+  }
+  return family == AF_INET || family == AF_INET6;
+}
+
+std::vector<NetInterface> collect(const ifaddrs* list, const InterfaceFilter& filter, bool autoSelect,
+                                  bool loopbackOnly, int family) {
+  std::vector<NetInterface> result;
+  for (const ifaddrs* entry = list; entry != nullptr; entry = entry->ifa_next) {
+    if (!usableAddress(entry)) continue;
+    int entryFamily = entry->ifa_addr->sa_family;
+    if (family != AF_UNSPEC && entryFamily != family) continue;
+    std::string name = entry->ifa_name;
+    bool loopback = (entry->ifa_flags & IFF_LOOPBACK) != 0;
+    if (autoSelect) {
+      bool wanted = loopbackOnly ? loopback : !loopback && name.rfind("docker", 0) != 0;
+      if (!wanted) continue;
+    } else if (!filter.matches(name)) {
+      continue;
+    }
+    NetInterface* existing = nullptr;
+    for (NetInterface& candidate : result) {
+      if (candidate.name == name) existing = &candidate;
+    }
+    // One device per interface; IPv4 wins over IPv6 unless a family was forced.
+    if (existing != nullptr && !(existing->family == AF_INET6 && entryFamily == AF_INET)) continue;
+    NetInterface item;
+    item.name = name;
+    item.family = entryFamily;
+    item.addressLength = entryFamily == AF_INET ? sizeof(sockaddr_in) : sizeof(sockaddr_in6);
+    memcpy(&item.address, entry->ifa_addr, item.addressLength);
+    item.loopback = loopback;
+    item.pciPath = sysfsPciPath(name);
+    item.speedMbps = sysfsSpeed(name);
+    if (existing != nullptr) {
+      *existing = std::move(item);
+    } else {
+      result.push_back(std::move(item));
+    }
+  }
+  return result;
+}
+
+}  // namespace
+
+std::vector<NetInterface> discoverInterfaces(std::string_view spec, std::string_view family) {
+  ifaddrs* raw = nullptr;
+  if (getifaddrs(&raw) != 0) return {};
+  std::unique_ptr<ifaddrs, decltype(&freeifaddrs)> list(raw, freeifaddrs);
+  InterfaceFilter filter(spec);
+  int wanted = wantedFamily(family);
+  if (!filter.empty()) return collect(list.get(), filter, false, false, wanted);
+  std::vector<NetInterface> result = collect(list.get(), filter, true, false, wanted);
+  if (result.empty()) result = collect(list.get(), filter, true, true, wanted);
+  return result;
+}
+
+std::string formatAddress(const sockaddr* address) {
+  char host[INET6_ADDRSTRLEN] = "?";
+  if (address->sa_family == AF_INET) {
+    auto* in = reinterpret_cast<const sockaddr_in*>(address);
+    inet_ntop(AF_INET, &in->sin_addr, host, sizeof(host));
+    return std::string(host) + ":" + std::to_string(ntohs(in->sin_port));
+  }
+  if (address->sa_family == AF_INET6) {
+    auto* in6 = reinterpret_cast<const sockaddr_in6*>(address);
+    inet_ntop(AF_INET6, &in6->sin6_addr, host, sizeof(host));
+    return "[" + std::string(host) + "]:" + std::to_string(ntohs(in6->sin6_port));
+  }
+  return "<unknown address family " + std::to_string(address->sa_family) + ">";
+}
+
+}  // namespace railnet::topo

@@ -1,0 +1,43 @@
+// Network interfaces railnet may use for TCP: discovery and NCCL_SOCKET_IFNAME-style selection.
+#pragma once
+
+#include <sys/socket.h>
+
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace railnet::topo {
+
+struct NetInterface {
+  std::string name;
+  sockaddr_storage address{};  // port 0
+  socklen_t addressLength = 0;
+  int family = 0;
+  std::string pciPath;  // realpath of /sys/class/net/<name>/device, empty for virtual interfaces
+  int speedMbps = 0;    // from sysfs; 0 when unknown
+  bool loopback = false;
+};
+
+// The NCCL_SOCKET_IFNAME grammar: "eth,ib" prefixes; "^docker,lo" excludes prefixes; a leading '=' makes the
+// names exact ("=eth0,eth1", "^=eth0").
+class InterfaceFilter {
+ public:
+  explicit InterfaceFilter(std::string_view spec);
+  bool matches(std::string_view ifname) const;
+  bool empty() const { return names_.empty(); }
+
+ private:
+  std::vector<std::string> names_;
+  bool exclude_ = false;
+  bool exact_ = false;
+};
+
+// Up interfaces with an address of the wanted family ("", "AF_INET" or "AF_INET6"), one entry per interface,
+// in the kernel's order. An empty spec means: all but lo and docker*, or lo when nothing else exists.
+std::vector<NetInterface> discoverInterfaces(std::string_view spec, std::string_view family);
+
+// "1.2.3.4:5678" / "[::1]:5678".
+std::string formatAddress(const sockaddr* address);
+
+}  // namespace railnet::topo
