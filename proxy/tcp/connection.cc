@@ -1,5 +1,8 @@
 #include "proxy/tcp/connection.h"
 
+#include <sys/uio.h>
+
+#include <algorithm>
 #include <cstring>
 
 #include "railnet/error.h"
@@ -33,18 +36,29 @@ void Connection::stop() {
   engine_.reset();
 }
 
-void Connection::queueControl(const void* first, size_t firstSize, const void* second, size_t secondSize) {
-  // Drop what was already written before growing the buffer, so it never holds sent bytes for long.
-  if (controlOutSent_ == controlOut_.size()) {
+void Connection::sendControl(const void* first, size_t firstSize, const void* second, size_t secondSize) {
+  const char* a = static_cast<const char*>(first);
+  const char* b = static_cast<const char*>(second);
+  if (controlOutSent_ == controlOut_.size() && !failed()) {
+    // Nothing queued: write directly, so an inline message costs one syscall and no copy.
     controlOut_.clear();
     controlOutSent_ = 0;
+    iovec iov[2] = {{const_cast<char*>(a), firstSize}, {const_cast<char*>(b), secondSize}};
+    ssize_t sent = writeVector(control_.get(), iov, secondSize > 0 ? 2 : 1);
+    if (sent < 0) {
+      recordFailure("control connection: " + errnoText(static_cast<int>(-sent)));
+      return;
+    }
+    size_t done = static_cast<size_t>(sent);
+    size_t fromFirst = std::min(done, firstSize);
+    a += fromFirst;
+    firstSize -= fromFirst;
+    done -= fromFirst;
+    b += done;
+    secondSize -= done;
   }
-  const char* a = static_cast<const char*>(first);
   controlOut_.insert(controlOut_.end(), a, a + firstSize);
-  if (secondSize > 0) {
-    const char* b = static_cast<const char*>(second);
-    controlOut_.insert(controlOut_.end(), b, b + secondSize);
-  }
+  if (secondSize > 0) controlOut_.insert(controlOut_.end(), b, b + secondSize);
 }
 
 bool Connection::flushControl() {

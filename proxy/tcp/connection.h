@@ -32,8 +32,9 @@ class Connection {
   int streamCount() const { return static_cast<int>(streams_.size()); }
   Stream& stream(int index) { return *streams_[static_cast<size_t>(index)]; }
 
-  // Control output, caller holds the owner's lock. queue copies the bytes; flush writes what the socket takes.
-  void queueControl(const void* first, size_t firstSize, const void* second = nullptr, size_t secondSize = 0);
+  // Control output, caller holds the owner's lock. Writes what the socket takes now, straight from the
+  // caller's memory, and copies only the rest into the output queue (flushed by later calls).
+  void sendControl(const void* first, size_t firstSize, const void* second = nullptr, size_t secondSize = 0);
   // False once the control socket failed (the failure is recorded).
   bool flushControl();
 

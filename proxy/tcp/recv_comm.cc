@@ -62,8 +62,7 @@ ncclResult_t TcpRecvComm::irecv(int n, void** data, const size_t* sizes, const i
   // Publish before the clear-to-send leaves: a helper thread may see the first chunk right after.
   entry.postedId_.store(nextRecvId_, std::memory_order_release);
   ++nextRecvId_;
-  link_.queueControl(&header, sizeof(header), entries, sizeof(ClearToSendEntry) * static_cast<size_t>(n));
-  link_.flushControl();
+  link_.sendControl(&header, sizeof(header), entries, sizeof(ClearToSendEntry) * static_cast<size_t>(n));
   *request = &entry;
   return ncclSuccess;
 }

@@ -131,8 +131,7 @@ ncclResult_t TcpSendComm::isend(void* data, size_t size, int tag, MemoryRegion*,
   if (size > capacity) {
     // Tell the receiver too, so both sides fail this message and nothing waits for it.
     FrameHeader oversize{static_cast<uint8_t>(FrameType::kOversize), static_cast<uint8_t>(slot), 0, recvId, size};
-    link_.queueControl(&oversize, sizeof(oversize));
-    link_.flushControl();
+    link_.sendControl(&oversize, sizeof(oversize));
     RN_WARN("NET/railnet: send of %zu bytes (tag %d) to %s is larger than the posted receive buffer of %lu bytes", size,
             tag, link_.peerName().c_str(), static_cast<unsigned long>(capacity));
     return ncclInvalidUsage;
@@ -148,9 +147,8 @@ ncclResult_t TcpSendComm::isend(void* data, size_t size, int tag, MemoryRegion*,
   if (size <= inlineBytes_) {
     // Inline: the bytes are copied into the control queue, so the send is complete at once.
     FrameHeader header{static_cast<uint8_t>(FrameType::kInline), static_cast<uint8_t>(slot), 0, recvId, size};
-    link_.queueControl(&header, sizeof(header), data, size);
+    link_.sendControl(&header, sizeof(header), data, size);
     sendRequest->pendingChunks_.store(0, std::memory_order_relaxed);
-    link_.flushControl();
   } else {
     sendStreamed(sendRequest, static_cast<const char*>(data), size, recvId, slot);
   }
