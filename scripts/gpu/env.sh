@@ -1,0 +1,35 @@
+# Sourced by the GPU scripts: how to run 2 ranks on one machine as 2 fake hosts through a net plugin.
+#   NCCL_LIB_DIR   directory holding the libnccl.so.2 to use (default: torch's pip NCCL, else the system one)
+#   RANKS          processes (default: number of GPUs)
+set -euo pipefail
+
+if [ -z "${NCCL_LIB_DIR:-}" ]; then
+  NCCL_LIB_DIR=$(python3 -c 'import nvidia.nccl, os; print(os.path.join(list(nvidia.nccl.__path__)[0], "lib"))' \
+                 2>/dev/null || echo /usr/lib/x86_64-linux-gnu)
+fi
+RANKS=${RANKS:-$(nvidia-smi -L | wc -l)}
+export NCCL_NVLS_ENABLE=0          # required on the shared GPU machines
+export NCCL_SOCKET_IFNAME=${NCCL_SOCKET_IFNAME:-lo}
+export RAILNET_IFNAME=${RAILNET_IFNAME:-lo}
+
+# mpirun_ranks ENV... -- COMMAND...: one process per rank, each its own "host" (NCCL_HOSTID), no CPU binding
+# (mpirun binds each rank to one core by default, which starves any transport's helper threads).
+mpirun_ranks() {
+  local envs=()
+  while [ "$1" != "--" ]; do envs+=(-x "$1"); shift; done
+  shift
+  mpirun --allow-run-as-root --bind-to none -np "$RANKS" \
+    -x LD_LIBRARY_PATH="$NCCL_LIB_DIR:${PLUGIN_DIR:-}:${LD_LIBRARY_PATH:-}" -x NCCL_NVLS_ENABLE \
+    -x NCCL_SOCKET_IFNAME -x RAILNET_IFNAME "${envs[@]}" \
+    bash -c 'export NCCL_HOSTID=fakehost$((OMPI_COMM_WORLD_RANK / $1)); shift; exec "$@"' _ "${RANKS_PER_HOST:-1}" "$@"
+}
+
+# Environment that selects a transport: railnet, socket (NCCL default), socket4x4 (NCCL at its best tuning).
+transport_env() {
+  case "$1" in
+    railnet)   echo "NCCL_NET_PLUGIN=$PLUGIN NCCL_NET=railnet" ;;
+    socket)    echo "NCCL_NET_PLUGIN=none NCCL_NET=Socket" ;;
+    socket4x4) echo "NCCL_NET_PLUGIN=none NCCL_NET=Socket NCCL_SOCKET_NTHREADS=4 NCCL_NSOCKS_PERTHREAD=4" ;;
+    *) echo "unknown transport $1" >&2; return 1 ;;
+  esac
+}
