@@ -1,0 +1,135 @@
+#include "plugin/tools/options.h"
+
+#include <algorithm>
+#include <bit>
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <optional>
+
+#include "plugin/tools/harness.h"
+#include "railnet/nccl/common.h"
+
+namespace railnet::bench {
+namespace {
+
+// test() reports received sizes as int: keep every message well inside that.
+constexpr size_t kLargestMessage = 1 * GiB;
+// NCCL keeps at most NCCL_NET_MAX_REQUESTS requests in flight per comm.
+constexpr int kLargestWindow = NCCL_NET_MAX_REQUESTS;
+
+constexpr const char* kUsage =
+    "usage: railnet-bench [options]\n"
+    "  --plugin PATH     net plugin to dlopen (default: libnccl-net-railnet.so beside this program or the build\n"
+    "                    root, else from the loader path)\n"
+    "  --min-size B      smallest message (default 8); sizes take k/m/g suffixes (binary)\n"
+    "  --max-size B      largest message (default 256m, --quick 64m)\n"
+    "  --step F          size factor between points, a power of two (default 4, --quick 16)\n"
+    "  --seconds S       timed duration of each measurement (default 0.5, --quick 0.25)\n"
+    "  --window W        messages in flight per connection, 1..32 (default 8, like NCCL_STEPS)\n"
+    "  --timeout S       report a stall after S seconds without progress (default 30)\n"
+    "  --csv FILE        also write the rows as CSV\n"
+    "  --quick           fewer, smaller points (CI)\n"
+    "  -v, --verbose     forward the plugin's INFO lines to stderr (WARN always goes there)\n"
+    "Environment: RAILNET_IFNAME defaults to lo here; RAILNET_TCP_STREAMS sets the streams of railnet and of\n"
+    "the raw TCP peer alike.\n";
+
+[[noreturn]] void usageError(const std::string& message) {
+  fprintf(stderr, "railnet-bench: %s\n%s", message.c_str(), kUsage);
+  exit(2);
+}
+
+size_t parseSize(const char* text) {
+  char* end = nullptr;
+  errno = 0;
+  unsigned long long value = strtoull(text, &end, 10);
+  if (errno != 0 || end == text) usageError(format("not a size: %s", text));
+  switch (*end) {
+    case 'k': case 'K': value *= KiB; ++end; break;
+    case 'm': case 'M': value *= MiB; ++end; break;
+    case 'g': case 'G': value *= GiB; ++end; break;
+    default: break;
+  }
+  if (strcmp(end, "") != 0 && strcmp(end, "B") != 0 && strcmp(end, "iB") != 0) {
+    usageError(format("not a size: %s", text));
+  }
+  return static_cast<size_t>(value);
+}
+
+double parseSeconds(const char* text) {
+  char* end = nullptr;
+  double value = strtod(text, &end);
+  if (end == text || *end != '\0' || !(value > 0)) usageError(format("not a positive number of seconds: %s", text));
+  return value;
+}
+
+int parseWindow(const char* text) {
+  char* end = nullptr;
+  long value = strtol(text, &end, 10);
+  if (end == text || *end != '\0' || value < 1 || value > kLargestWindow) {
+    usageError(format("--window must be 1..%d, not %s", kLargestWindow, text));
+  }
+  return static_cast<int>(value);
+}
+
+}  // namespace
+
+Options parseOptions(int argc, char** argv) {
+  Options options;
+  bool quick = false;
+  std::optional<size_t> maxSize, step;
+  std::optional<double> seconds;
+  for (int i = 1; i < argc; ++i) {
+    std::string arg = argv[i];
+    auto value = [&]() -> const char* {
+      if (i + 1 >= argc) usageError(arg + " needs a value");
+      return argv[++i];
+    };
+    if (arg == "--plugin") options.plugin = value();
+    else if (arg == "--min-size") options.minSize = parseSize(value());
+    else if (arg == "--max-size") maxSize = parseSize(value());
+    else if (arg == "--step") step = parseSize(value());
+    else if (arg == "--seconds") seconds = parseSeconds(value());
+    else if (arg == "--timeout") options.timeout = parseSeconds(value());
+    else if (arg == "--window") options.window = parseWindow(value());
+    else if (arg == "--csv") options.csv = value();
+    else if (arg == "--quick") quick = true;
+    else if (arg == "-v" || arg == "--verbose") options.verbose = true;
+    else if (arg == "-h" || arg == "--help") {
+      fputs(kUsage, stdout);
+      exit(0);
+    } else {
+      usageError("unknown option " + arg);
+    }
+  }
+  // Explicit values win over --quick's, whatever their order on the command line.
+  options.maxSize = maxSize.value_or(quick ? 64 * MiB : options.maxSize);
+  options.step = step.value_or(quick ? 16 : options.step);
+  options.seconds = seconds.value_or(quick ? 0.25 : options.seconds);
+
+  if (!std::has_single_bit(options.minSize) || !std::has_single_bit(options.maxSize) ||
+      options.minSize > options.maxSize) {
+    usageError("--min-size and --max-size must be powers of two, min <= max");
+  }
+  if (options.maxSize > kLargestMessage) usageError("--max-size is limited to " + sizeText(kLargestMessage));
+  if (!std::has_single_bit(options.step) || options.step < 2) usageError("--step must be a power of two >= 2");
+  return options;
+}
+
+std::vector<size_t> sweepSizes(const Options& options) {
+  std::vector<size_t> sizes;
+  for (size_t size = options.maxSize; size > options.minSize; size /= options.step) sizes.push_back(size);
+  sizes.push_back(options.minSize);
+  std::reverse(sizes.begin(), sizes.end());
+  return sizes;
+}
+
+std::string sizeText(size_t size) {
+  if (size >= GiB && size % GiB == 0) return format("%zu GiB", size / GiB);
+  if (size >= MiB && size % MiB == 0) return format("%zu MiB", size / MiB);
+  if (size >= KiB && size % KiB == 0) return format("%zu KiB", size / KiB);
+  return format("%zu B", size);
+}
+
+}  // namespace railnet::bench

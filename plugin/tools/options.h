@@ -1,0 +1,36 @@
+// railnet-bench's command line and the sweep of message sizes it defines.
+#pragma once
+
+#include <cstddef>
+#include <string>
+#include <vector>
+
+namespace railnet::bench {
+
+constexpr size_t KiB = size_t{1} << 10;
+constexpr size_t MiB = size_t{1} << 20;
+constexpr size_t GiB = size_t{1} << 30;
+
+struct Options {
+  std::string plugin;  // empty: NetPlugin::defaultCandidates()
+  size_t minSize = 8;
+  size_t maxSize = 256 * MiB;
+  size_t step = 4;
+  double seconds = 0.5;  // timed part of each measurement
+  double timeout = 30;   // stall limit
+  int window = 8;
+  std::string csv;
+  bool verbose = false;
+};
+
+// Exits with status 2 and the usage text on a bad command line, 0 after --help.
+Options parseOptions(int argc, char** argv);
+
+// Powers of two from minSize to maxSize, `step` apart, anchored at maxSize so the round sizes (4 MiB, 16 MiB, ...)
+// appear; minSize is always included.
+std::vector<size_t> sweepSizes(const Options& options);
+
+// "8 B", "16 KiB", "4 MiB".
+std::string sizeText(size_t size);
+
+}  // namespace railnet::bench

@@ -1,0 +1,73 @@
+// Loads a net plugin exactly as NCCL does (dlopen RTLD_NOW | RTLD_LOCAL, ncclNetPlugin_v12 else _v11) and gives
+// the bench one set of calls over both versions: their function tables differ only in the property structs.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "railnet/nccl/net.h"
+
+namespace railnet::bench {
+
+// The device properties the bench reports or relies on.
+struct DeviceProps {
+  std::string name;
+  int speedMbps = 0;
+  int ptrSupport = 0;
+  int maxRecvs = 0;
+  size_t maxP2pBytes = 0;
+};
+
+class NetPlugin {
+ public:
+  explicit NetPlugin(const std::string& path);
+  ~NetPlugin();  // dlclose
+  NetPlugin(const NetPlugin&) = delete;
+  NetPlugin& operator=(const NetPlugin&) = delete;
+
+  // Where railnet-bench looks when --plugin is not given, in order; the last is a bare name for the loader.
+  static std::vector<std::string> defaultCandidates();
+
+  // Forward the plugin's INFO lines to stderr too (WARN always goes there; stdout is the bench's).
+  static void setVerbose(bool verbose) noexcept;
+
+  const std::string& path() const noexcept { return path_; }
+  const char* symbol() const noexcept { return v12_ ? "ncclNetPlugin_v12" : "ncclNetPlugin_v11"; }
+  const char* name() const noexcept;
+
+  // Throws BenchError naming the call when `result` is not ncclSuccess.
+  static void check(ncclResult_t result, const char* call);
+
+  // init/finalize are per communicator from v11 on: one ctx per bench run.
+  ncclResult_t init(void** ctx, uint64_t commId) const;
+  ncclResult_t finalize(void* ctx) const;  // ncclSuccess when the plugin has no finalize
+  ncclResult_t devices(int* count) const;
+  ncclResult_t properties(int dev, DeviceProps* props) const;
+
+  ncclResult_t listen(void* ctx, int dev, void* handle, void** listenComm) const;
+  ncclResult_t connect(void* ctx, int dev, void* handle, void** sendComm) const;
+  ncclResult_t accept(void* listenComm, void** recvComm) const;
+  ncclResult_t regMr(void* comm, void* data, size_t size, void** mhandle) const;  // host memory
+  ncclResult_t deregMr(void* comm, void* mhandle) const;
+  ncclResult_t isend(void* sendComm, void* data, size_t size, int tag, void* mhandle, void** request) const;
+  ncclResult_t irecv(void* recvComm, void* data, size_t size, int tag, void* mhandle, void** request) const;
+  ncclResult_t test(void* request, int* done, int* size) const;
+  ncclResult_t closeSend(void* sendComm) const;
+  ncclResult_t closeRecv(void* recvComm) const;
+  ncclResult_t closeListen(void* listenComm) const;
+
+ private:
+  // Calls `f` with whichever table was loaded; both have the same member names.
+  template <class F>
+  ncclResult_t dispatch(F&& f) const {
+    return v12_ ? f(*v12_) : f(*v11_);
+  }
+
+  std::string path_;
+  void* library_ = nullptr;
+  const ncclNet_v12_t* v12_ = nullptr;
+  const ncclNet_v11_t* v11_ = nullptr;
+};
+
+}  // namespace railnet::bench

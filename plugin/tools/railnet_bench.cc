@@ -1,0 +1,180 @@
+// railnet-bench: railnet's loopback bandwidth and latency next to raw TCP measured in the same run, over a sweep
+// of message sizes. It loads the plugin as NCCL does (it does not link it) and drives it as NCCL's proxy does.
+// The table goes to stdout, progress and plugin warnings to stderr. Exit status 1 only for errors (a failed
+// call, wrong data, a stall); a missed goal is reported but is not an error.
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <exception>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "plugin/tools/buffers.h"
+#include "plugin/tools/harness.h"
+#include "plugin/tools/options.h"
+#include "plugin/tools/plugin_loader.h"
+#include "plugin/tools/railnet_peer.h"
+#include "plugin/tools/raw_tcp.h"
+#include "plugin/tools/report.h"
+#include "railnet/settings.h"
+
+namespace railnet::bench {
+namespace {
+
+// Beyond this, messages in flight share slots instead of needing window x size bytes per buffer.
+constexpr size_t kArenaCap = 512 * MiB;
+// A median over more round trips than this would not change; it only costs time at small sizes.
+constexpr uint64_t kMaxRoundTrips = 10000;
+constexpr uint64_t kMaxMessages = uint64_t{1} << 32;
+// The timed bandwidth time is split into this many runs and the median kept: on a small shared machine one
+// run can be hit by an unrelated burst of load, and railnet and raw TCP are measured at different moments.
+constexpr size_t kBandwidthTrials = 3;
+
+// Moves one message into each slot of the receive buffer (cleared first) and compares every slot with the
+// bytes that were sent, so a fast transport that delivers wrong, misplaced or no data cannot pass.
+void verify(Peer& peer, size_t size, BenchBuffers& buffers) {
+  size_t messages = buffers.slots(size);
+  memset(buffers.recv.data(), 0, messages * size);
+  peer.stream(size, messages);
+  for (size_t k = 0; k < messages; ++k) {
+    const std::byte* sent = buffers.send.data() + k * size;
+    const std::byte* received = buffers.recv.data() + k * size;
+    uint64_t expected = checksum(sent, size);
+    uint64_t got = checksum(received, size);
+    if (got != expected) {
+      size_t offset = 0;
+      while (offset < size && sent[offset] == received[offset]) ++offset;
+      fail("%s %s: wrong data in message %zu of %zu: checksum %016llx, expected %016llx (first bad byte at offset "
+           "%zu)", peer.name().c_str(), sizeText(size).c_str(), k, messages, static_cast<unsigned long long>(got),
+           static_cast<unsigned long long>(expected), offset);
+    }
+  }
+}
+
+// Verify, then bandwidth (one way, window in flight; median of kBandwidthTrials runs), then latency (ping-pong,
+// median half round trip), each calibrated to last about options.seconds in all after its warm-up.
+PeerResult measure(Peer& peer, size_t size, const Options& options, BenchBuffers& buffers, StallGuard& guard,
+                   const std::function<void(const std::string&)>& announce) {
+  const double warmup = std::clamp(options.seconds / 10, 0.02, 0.2);
+  auto phase = [&](const char* what) {
+    guard.setPhase(peer.name() + " " + sizeText(size) + " " + what);
+    announce(peer.name() + " " + what);
+  };
+  PeerResult result;
+
+  phase("verify");
+  verify(peer, size, buffers);
+
+  phase("bandwidth");
+  auto gbps = [&](uint64_t count, double seconds) {
+    return static_cast<double>(count) * static_cast<double>(size) / seconds / 1e9;
+  };
+  uint64_t firstCount = std::clamp<uint64_t>(16 * MiB / size, 1, static_cast<uint64_t>(options.window));
+  TimedRun first = runCalibrated([&](uint64_t count) { return peer.stream(size, count); }, firstCount, 2,
+                                 kMaxMessages, warmup, options.seconds / kBandwidthTrials);
+  std::vector<double> trials = {gbps(first.count, first.seconds)};
+  while (trials.size() < kBandwidthTrials) trials.push_back(gbps(first.count, peer.stream(size, first.count)));
+  result.gbps = median(trials);
+
+  phase("latency");
+  std::vector<double> halfRttUs;
+  auto pingPong = [&](uint64_t count) {
+    halfRttUs.clear();  // only the timed run's samples count
+    return peer.pingPong(size, count, &halfRttUs);
+  };
+  runCalibrated(pingPong, 1, 3, kMaxRoundTrips, warmup, options.seconds);
+  result.latencyUs = median(halfRttUs);
+  return result;
+}
+
+std::unique_ptr<NetPlugin> openPlugin(const Options& options) {
+  if (!options.plugin.empty()) return std::make_unique<NetPlugin>(options.plugin);
+  std::string tried;
+  for (const std::string& candidate : NetPlugin::defaultCandidates()) {
+    if (candidate.find('/') == std::string::npos) {
+      // A bare name: the loader searches its path; if that fails too, list everything that was tried.
+      try {
+        return std::make_unique<NetPlugin>(candidate);
+      } catch (const BenchError& error) {
+        tried += "\n  " + std::string(error.what());
+      }
+    } else if (access(candidate.c_str(), F_OK) == 0) {
+      return std::make_unique<NetPlugin>(candidate);  // it exists: its own load error is the one to report
+    } else {
+      tried += "\n  " + candidate + " (absent)";
+    }
+  }
+  fail("libnccl-net-railnet.so not found; build it or pass --plugin PATH. Tried:%s", tried.c_str());
+}
+
+// Prints the error and ends the process without unwinding: the plugin may be mid-transfer, and closing its
+// comms then could block on exactly what failed.
+[[noreturn]] void die(const std::exception& error) {
+  fflush(stdout);
+  fprintf(stderr, "\nrailnet-bench: error: %s\n", error.what());
+  fflush(stderr);
+  std::_Exit(1);
+}
+
+int run(const Options& options) {
+  // Loopback benchmark; a user's own RAILNET_IFNAME wins. Set before the plugin reads its settings.
+  setenv("RAILNET_IFNAME", "lo", 0);
+  NetPlugin::setVerbose(options.verbose);
+  // The plugin clamps its stream count to 1..64 too.
+  const int streams = static_cast<int>(std::clamp<int64_t>(railnet::settings().tcpStreams, 1, 64));
+  const std::vector<size_t> sizes = sweepSizes(options);
+
+  StallGuard guard(options.timeout);
+  CsvFile csv(options.csv);
+  guard.setPhase("loading the plugin");
+  std::unique_ptr<NetPlugin> net = openPlugin(options);
+  guard.setPhase("allocating buffers");
+  BenchBuffers buffers(options.maxSize, options.window, kArenaCap);
+  RailnetPeer railnet(*net, "lo", options.window, buffers, guard);
+  if (options.maxSize > railnet.device().maxP2pBytes) {
+    fail("--max-size %zu exceeds the device's maxP2pBytes %zu", options.maxSize, railnet.device().maxP2pBytes);
+  }
+  std::optional<RawTcpPeer> raw(std::in_place, streams, options.window, buffers, guard);
+  printHeader({net->path(), net->symbol(), net->name(), railnet.deviceIndex(), railnet.device().name, streams,
+               options.window, options.seconds});
+
+  try {
+    std::vector<Row> rows;
+    Progress progress;
+    for (size_t i = 0; i < sizes.size(); ++i) {
+      auto announce = [&](const std::string& what) { progress.show(i, sizes.size(), sizes[i], what); };
+      Row row{sizes[i], measure(railnet, sizes[i], options, buffers, guard, announce),
+              measure(*raw, sizes[i], options, buffers, guard, announce)};
+      progress.finish();
+      printRow(row);
+      csv.write(row);
+      rows.push_back(row);
+    }
+    printSummary(rows);
+    raw.reset();
+    railnet.shutdown();
+  } catch (const std::exception& error) {
+    die(error);
+  }
+  return 0;  // ~NetPlugin: dlclose, still under the stall guard
+}
+
+}  // namespace
+}  // namespace railnet::bench
+
+int main(int argc, char** argv) {
+  using namespace railnet::bench;
+  Options options = parseOptions(argc, argv);
+  try {
+    return run(options);
+  } catch (const std::exception& error) {
+    die(error);
+  }
+}

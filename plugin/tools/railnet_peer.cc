@@ -1,0 +1,291 @@
+#include "plugin/tools/railnet_peer.h"
+
+#include <sched.h>
+
+#include <cstdio>
+
+namespace railnet::bench {
+namespace {
+
+// NCCL passes the sender's rank as the tag and lists the same tag in the matching irecv.
+constexpr int kTag = 0;
+// Any value: railnet must not depend on it, but NCCL passes a hash of the communicator.
+constexpr uint64_t kCommId = 0x7261696c6e657442ULL;  // "railnetB"
+
+}  // namespace
+
+// One railnet connection with both ends in this process and one registered buffer on each end, as NCCL
+// registers each protocol buffer once and then sends from / receives into sub-ranges of it.
+class RailnetPeer::Link {
+ public:
+  Link(const NetPlugin& net, void* ctx, int dev, HostBuffer& source, HostBuffer& destination, StallGuard& guard,
+       const char* label)
+      : net_(net), label_(label) {
+    guard.setPhase(format("railnet %s link: listen/connect/accept", label));
+    try {
+      connect(ctx, dev, guard);
+      guard.setPhase(format("railnet %s link: regMr", label));
+      NetPlugin::check(net.regMr(sendComm, source.data(), source.size(), &sendMr), "regMr(sendComm)");
+      NetPlugin::check(net.regMr(recvComm, destination.data(), destination.size(), &recvMr), "regMr(recvComm)");
+    } catch (...) {
+      release();
+      throw;
+    }
+  }
+
+  ~Link() {
+    std::string failure = release();
+    if (!failure.empty()) fprintf(stderr, "railnet-bench: closing the %s link: %s\n", label_, failure.c_str());
+  }
+
+  Link(const Link&) = delete;
+  Link& operator=(const Link&) = delete;
+
+  // Deregisters and closes, reporting the first failure.
+  void close() {
+    std::string failure = release();
+    if (!failure.empty()) fail("closing the railnet %s link: %s", label_, failure.c_str());
+  }
+
+  void* sendComm = nullptr;
+  void* recvComm = nullptr;
+  void* sendMr = nullptr;
+  void* recvMr = nullptr;
+
+ private:
+  // listen, then connect and accept from the same thread: both must be non-blocking, so each is simply called
+  // again (connect with the same handle buffer) until it hands out its comm.
+  void connect(void* ctx, int dev, StallGuard& guard) {
+    alignas(8) char handle[NCCL_NET_HANDLE_MAXSIZE] = {};
+    void* listenComm = nullptr;
+    NetPlugin::check(net_.listen(ctx, dev, handle, &listenComm), "listen");
+    if (listenComm == nullptr) fail("plugin listen returned ncclSuccess but a NULL listenComm");
+    try {
+      while (sendComm == nullptr || recvComm == nullptr) {
+        bool moved = false;
+        if (sendComm == nullptr) {
+          NetPlugin::check(net_.connect(ctx, dev, handle, &sendComm), "connect");
+          moved |= sendComm != nullptr;
+        }
+        if (recvComm == nullptr) {
+          NetPlugin::check(net_.accept(listenComm, &recvComm), "accept");
+          moved |= recvComm != nullptr;
+        }
+        if (moved) {
+          guard.progressed();
+        } else {
+          guard.check([&] {
+            return format("connect %s, accept %s", sendComm ? "done" : "keeps returning a NULL sendComm",
+                          recvComm ? "done" : "keeps returning a NULL recvComm");
+          });
+          sched_yield();
+        }
+      }
+    } catch (...) {
+      net_.closeListen(listenComm);
+      throw;
+    }
+    // NCCL closes the listening comm right after accept succeeds.
+    NetPlugin::check(net_.closeListen(listenComm), "closeListen");
+  }
+
+  std::string release() noexcept {
+    std::string failure;
+    auto note = [&](ncclResult_t result, const char* call) {
+      if (result != ncclSuccess && failure.empty()) failure = format("%s returned %d", call, static_cast<int>(result));
+    };
+    if (recvMr) note(net_.deregMr(recvComm, recvMr), "deregMr(recvComm)");
+    if (sendMr) note(net_.deregMr(sendComm, sendMr), "deregMr(sendComm)");
+    if (sendComm) note(net_.closeSend(sendComm), "closeSend");
+    if (recvComm) note(net_.closeRecv(recvComm), "closeRecv");
+    recvMr = sendMr = sendComm = recvComm = nullptr;
+    return failure;
+  }
+
+  const NetPlugin& net_;
+  const char* label_;
+};
+
+RailnetPeer::RailnetPeer(const NetPlugin& net, const std::string& deviceName, int window, BenchBuffers& buffers,
+                         StallGuard& guard)
+    : net_(net), buffers_(buffers), guard_(guard), window_(window) {
+  guard.setPhase("railnet init/devices");
+  NetPlugin::check(net.init(&ctx_, kCommId), "init");
+  try {
+    int count = 0;
+    NetPlugin::check(net.devices(&count), "devices");
+    if (count <= 0) fail("plugin devices() reports %d devices (is RAILNET_IFNAME right?)", count);
+    // The bench is loopback: prefer the device named like the interface, else device 0 as NCCL would.
+    for (int dev = 0; dev < count; ++dev) {
+      NetPlugin::check(net.properties(dev, &props_), "getProperties");
+      if (props_.name == deviceName) {
+        dev_ = dev;
+        break;
+      }
+    }
+    if (props_.name != deviceName) NetPlugin::check(net.properties(dev_, &props_), "getProperties");
+    if (!(props_.ptrSupport & NCCL_PTR_HOST)) {
+      fail("device %d does not support host memory (ptrSupport %d)", dev_, props_.ptrSupport);
+    }
+    forward_ = std::make_unique<Link>(net, ctx_, dev_, buffers.send, buffers.recv, guard, "forward");
+    back_ = std::make_unique<Link>(net, ctx_, dev_, buffers.echoSend, buffers.echoRecv, guard, "back");
+    open_ = true;
+  } catch (...) {
+    back_.reset();
+    forward_.reset();
+    net.finalize(ctx_);
+    throw;
+  }
+}
+
+RailnetPeer::~RailnetPeer() {
+  if (!open_) return;  // shutdown() already ran
+  back_.reset();
+  forward_.reset();
+  if (net_.finalize(ctx_) != ncclSuccess) fprintf(stderr, "railnet-bench: plugin finalize failed\n");
+}
+
+void RailnetPeer::shutdown() {
+  guard_.setPhase("railnet close/finalize");
+  back_->close();
+  forward_->close();
+  back_.reset();
+  forward_.reset();
+  open_ = false;
+  NetPlugin::check(net_.finalize(ctx_), "finalize");
+}
+
+template <class Post>
+void RailnetPeer::pipeline(const char* side, size_t size, uint64_t count, bool exactSize, Post&& post) {
+  std::vector<void*> inFlight(static_cast<size_t>(window_));
+  uint64_t posted = 0;
+  uint64_t completed = 0;
+  while (completed < count) {
+    bool moved = false;
+    if (posted < count && posted - completed < static_cast<uint64_t>(window_)) {
+      void* request = nullptr;
+      NetPlugin::check(post(posted, &request), side);
+      if (request != nullptr) {
+        inFlight[posted % inFlight.size()] = request;
+        ++posted;
+        moved = true;
+      }
+    }
+    if (completed < posted) {
+      int done = 0;
+      int received = -1;
+      NetPlugin::check(net_.test(inFlight[completed % inFlight.size()], &done, &received), "test");
+      if (done) {
+        if (exactSize && static_cast<size_t>(received) != size) {
+          fail("%s: message %llu completed with %d bytes, expected %zu", side,
+               static_cast<unsigned long long>(completed), received, size);
+        }
+        ++completed;
+        moved = true;
+      }
+    }
+    if (moved) {
+      guard_.progressed();
+    } else {
+      guard_.check([&] {
+        bool canPost = posted < count && posted - completed < static_cast<uint64_t>(window_);
+        const char* reason = !canPost            ? "test() never reports the oldest request done"
+                             : completed < posted ? "posting returns a NULL request, test() not done"
+                                                  : "posting keeps returning a NULL request";
+        return format("%s: %llu of %llu posted, %llu completed; %s", side, static_cast<unsigned long long>(posted),
+                      static_cast<unsigned long long>(count), static_cast<unsigned long long>(completed), reason);
+      });
+      sched_yield();  // leave the core to the plugin's threads, as NCCL's idle proxy does
+    }
+  }
+}
+
+template <class Post>
+void* RailnetPeer::postWithRetry(const char* what, Post&& post) {
+  for (;;) {
+    void* request = nullptr;
+    NetPlugin::check(post(&request), what);
+    if (request != nullptr) {
+      guard_.progressed();
+      return request;
+    }
+    guard_.check([&] { return format("%s keeps returning a NULL request", what); });
+    sched_yield();
+  }
+}
+
+void RailnetPeer::waitDone(void* request, const char* what, size_t size, bool exactSize) {
+  for (;;) {
+    int done = 0;
+    int received = -1;
+    NetPlugin::check(net_.test(request, &done, &received), what);
+    if (done) {
+      if (exactSize && static_cast<size_t>(received) != size) {
+        fail("%s completed with %d bytes, expected %zu", what, received, size);
+      }
+      guard_.progressed();
+      return;
+    }
+    guard_.check([&] { return format("test() never reports the %s done", what); });
+    sched_yield();
+  }
+}
+
+double RailnetPeer::stream(size_t size, uint64_t count) {
+  Link& link = *forward_;
+  auto sender = [&] {
+    pipeline("sender isend", size, count, false, [&](uint64_t i, void** request) {
+      return net_.isend(link.sendComm, buffers_.send.data() + buffers_.slotOffset(size, i), size, kTag, link.sendMr,
+                        request);
+    });
+  };
+  auto receiver = [&] {
+    pipeline("receiver irecv", size, count, true, [&](uint64_t i, void** request) {
+      return net_.irecv(link.recvComm, buffers_.recv.data() + buffers_.slotOffset(size, i), size, kTag,
+                        link.recvMr, request);
+    });
+  };
+  return runTogether(guard_, {sender, receiver});
+}
+
+double RailnetPeer::pingPong(size_t size, uint64_t count, std::vector<double>* halfRttUs) {
+  Link& forward = *forward_;
+  Link& back = *back_;
+  auto postPingSend = [&](void** request) {
+    return net_.isend(forward.sendComm, buffers_.send.data(), size, kTag, forward.sendMr, request);
+  };
+  auto postPingRecv = [&](void** request) {
+    return net_.irecv(forward.recvComm, buffers_.recv.data(), size, kTag, forward.recvMr, request);
+  };
+  auto postPongSend = [&](void** request) {
+    return net_.isend(back.sendComm, buffers_.echoSend.data(), size, kTag, back.sendMr, request);
+  };
+  auto postPongRecv = [&](void** request) {
+    return net_.irecv(back.recvComm, buffers_.echoRecv.data(), size, kTag, back.recvMr, request);
+  };
+  halfRttUs->reserve(halfRttUs->size() + count);
+
+  // Each side posts its next receive before it sends, so the receiver-driven handshake is off the timed path,
+  // as it is in NCCL where receives are posted steps ahead.
+  auto initiator = [&] {
+    void* pongRecv = postWithRetry("pong irecv", postPongRecv);
+    for (uint64_t i = 0; i < count; ++i) {
+      double start = now();
+      waitDone(postWithRetry("ping isend", postPingSend), "ping isend", size, false);
+      waitDone(pongRecv, "pong irecv", size, true);
+      halfRttUs->push_back((now() - start) * 1e6 / 2);
+      if (i + 1 < count) pongRecv = postWithRetry("pong irecv", postPongRecv);
+    }
+  };
+  auto echo = [&] {
+    void* pingRecv = postWithRetry("ping irecv", postPingRecv);
+    for (uint64_t i = 0; i < count; ++i) {
+      waitDone(pingRecv, "ping irecv", size, true);
+      if (i + 1 < count) pingRecv = postWithRetry("ping irecv", postPingRecv);
+      waitDone(postWithRetry("pong isend", postPongSend), "pong isend", size, false);
+    }
+  };
+  return runTogether(guard_, {initiator, echo});
+}
+
+}  // namespace railnet::bench

@@ -1,0 +1,58 @@
+// railnet through its NCCL ABI, driven the way NCCL's proxy thread drives a net plugin: two connections
+// (forward for bandwidth and the ping, back for the pong), registered buffers, isend/irecv that may answer
+// "retry later", and test() oldest request first.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "plugin/tools/buffers.h"
+#include "plugin/tools/harness.h"
+#include "plugin/tools/peer.h"
+#include "plugin/tools/plugin_loader.h"
+
+namespace railnet::bench {
+
+class RailnetPeer final : public Peer {
+ public:
+  // init() one context, pick the device named `deviceName` (else device 0), and connect both links.
+  RailnetPeer(const NetPlugin& net, const std::string& deviceName, int window, BenchBuffers& buffers,
+              StallGuard& guard);
+  ~RailnetPeer() override;  // closes both links, then finalize(); failures only printed
+
+  // The same teardown, throwing on the first failure; the destructor then has nothing left to do.
+  void shutdown();
+
+  std::string name() const override { return "railnet"; }
+  const DeviceProps& device() const noexcept { return props_; }
+  int deviceIndex() const noexcept { return dev_; }
+
+  double stream(size_t size, uint64_t count) override;
+  double pingPong(size_t size, uint64_t count, std::vector<double>* halfRttUs) override;
+
+ private:
+  class Link;
+
+  // Posts `count` requests with at most `window_` in flight and tests them oldest first. `post(i, &request)`
+  // posts message i; a NULL request means "retry later".
+  template <class Post>
+  void pipeline(const char* side, size_t size, uint64_t count, bool exactSize, Post&& post);
+  template <class Post>
+  void* postWithRetry(const char* what, Post&& post);
+  void waitDone(void* request, const char* what, size_t size, bool exactSize);
+
+  const NetPlugin& net_;
+  BenchBuffers& buffers_;
+  StallGuard& guard_;
+  const int window_;
+  void* ctx_ = nullptr;
+  bool open_ = false;  // init succeeded and shutdown() has not run
+  int dev_ = 0;
+  DeviceProps props_;
+  std::unique_ptr<Link> forward_;  // send -> recv buffers
+  std::unique_ptr<Link> back_;     // echoSend -> echoRecv buffers
+};
+
+}  // namespace railnet::bench

@@ -1,0 +1,73 @@
+// railnet-bench's output: the table on stdout (header, one row per size, the goal summary), the optional CSV
+// file, and the progress line on stderr.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <cstdio>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "plugin/tools/options.h"
+
+namespace railnet::bench {
+
+// What the bench is held to; printSummary checks it (informational: a miss is not an error).
+constexpr double kGoalRatio = 0.6;
+constexpr size_t kGoalFromSize = 4 * MiB;
+
+struct PeerResult {
+  double gbps = 0;       // 1e9 bytes per second
+  double latencyUs = 0;  // median half round trip
+};
+
+struct Row {
+  size_t size;
+  PeerResult railnet;
+  PeerResult raw;
+};
+
+// What the header states about the run.
+struct RunDescription {
+  std::string pluginPath;
+  std::string pluginSymbol;
+  std::string pluginName;
+  int deviceIndex;
+  std::string deviceName;
+  int streams;
+  int window;
+  double seconds;
+};
+
+void printHeader(const RunDescription& run);
+void printRow(const Row& row);
+// The smallest bw ratio over sizes >= kGoalFromSize, PASS or MISS.
+void printSummary(const std::vector<Row>& rows);
+
+// Rows as CSV, flushed one by one so an interrupted run keeps what it measured. Inactive without a path.
+class CsvFile {
+ public:
+  explicit CsvFile(const std::string& path);
+  void write(const Row& row);
+
+ private:
+  struct Closer {
+    void operator()(FILE* file) const { fclose(file); }
+  };
+  std::unique_ptr<FILE, Closer> file_;
+};
+
+// One line on stderr that says what runs now; rewritten in place on a terminal, one line per point otherwise.
+class Progress {
+ public:
+  Progress();
+  void show(size_t index, size_t total, size_t size, const std::string& what);
+  void finish();
+
+ private:
+  bool terminal_;
+  size_t lastIndex_ = SIZE_MAX;
+};
+
+}  // namespace railnet::bench
