@@ -48,14 +48,17 @@ class Stream {
   uint64_t queuedBytes() const { return queuedBytes_.load(std::memory_order_relaxed); }
   // Sender side, any thread: queue a chunk and wake the worker.
   void enqueue(const SendOp& op);
+  // Sender side, any thread: if the stream is idle, write the chunk now from the calling thread (what the
+  // socket does not take is queued for the worker). False, doing nothing, when the stream is busy.
+  bool trySendDirect(const SendOp& op);
 
  private:
   friend class Worker;
   friend class Engine;
-  // Worker thread only: move bytes until the socket would block. Returns true if anything moved.
-  bool progress();
-  bool progressSend();
-  bool progressReceive();
+  // Worker thread only: move bytes until the socket would block. Return the bytes moved.
+  uint64_t progress();
+  uint64_t progressSend();
+  uint64_t progressReceive();
   void failWith(const char* why, bool endOfStream);
 
   Fd fd_;
@@ -67,9 +70,12 @@ class Stream {
   std::deque<SendOp> queue_;  // guarded by queueMutex_
   std::atomic<uint64_t> queuedBytes_{0};
 
+  // Whoever writes on the socket holds writeMutex_: the worker, or a caller in trySendDirect.
+  std::mutex writeMutex_;
+  std::deque<SendOp> sending_;  // guarded by writeMutex_
+  uint64_t sentOfFront_ = 0;    // guarded by writeMutex_
+
   // Worker-only state.
-  std::deque<SendOp> sending_;
-  uint64_t sentOfFront_ = 0;
   ChunkHeader incoming_{};
   uint64_t headerBytes_ = 0;
   char* destination_ = nullptr;
@@ -77,7 +83,7 @@ class Stream {
   bool inPayload_ = false;
   bool readable_ = true;
   bool writable_ = true;
-  bool dead_ = false;
+  std::atomic<bool> dead_{false};
 };
 
 class Engine {
@@ -90,7 +96,6 @@ class Engine {
   void attach(Stream* stream);
   // Synchronous: once it returns, no worker touches `stream` again.
   void detach(Stream* stream);
-  int workerCount() const { return static_cast<int>(workers_.size()); }
 
  private:
   Engine();

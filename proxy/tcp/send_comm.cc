@@ -20,6 +20,7 @@ TcpSendComm::TcpSendComm(Fd control, std::vector<Fd> data, const SocketAddress& 
     : link_(std::move(control), std::move(data), peer, "send") {
   const Settings& config = settings();
   inlineBytes_ = static_cast<uint64_t>(std::max<int64_t>(config.tcpInlineBytes, 0));
+  directBytes_ = static_cast<uint64_t>(std::max<int64_t>(config.tcpDirectBytes, 0));
   minChunkBytes_ = static_cast<uint64_t>(std::max<int64_t>(config.tcpMinChunkBytes, 4096));
   requests_.reserve(kSendRequests);
   for (size_t i = 0; i < kSendRequests; ++i) {
@@ -177,7 +178,9 @@ void TcpSendComm::sendStreamed(SendRequest* request, const char* data, uint64_t 
     op.header.length = std::min(chunk, size - offset);
     op.data = data + offset;
     op.pending = &request->pendingChunks_;
-    link_.stream(best).enqueue(op);
+    // Mid-size messages skip the hand-off to a helper thread when the stream is idle; large ones are left to
+    // the helpers so that several cores copy in parallel.
+    if (size > directBytes_ || !link_.stream(best).trySendDirect(op)) link_.stream(best).enqueue(op);
   }
 }
 

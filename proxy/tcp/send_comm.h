@@ -55,6 +55,7 @@ class TcpSendComm final : public SendComm, private StreamOwner {
 
   Connection link_;
   uint64_t inlineBytes_;
+  uint64_t directBytes_;
   uint64_t minChunkBytes_;
 
   std::mutex mutex_;

@@ -14,7 +14,9 @@ for transport in railnet socket4x4 socket; do
   for coll in all_reduce alltoall sendrecv; do
     log="$OUT/${coll}-${transport}.log"
     # shellcheck disable=SC2046  # transport_env prints NAME=VALUE words on purpose
-    mpirun_ranks $(transport_env "$transport") NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=NET -- \
+    # NCCL's log goes to its own files (railnet's CPU-per-GB line is read from them), keeping stdout's rows whole.
+    mpirun_ranks $(transport_env "$transport") NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=NET \
+      NCCL_DEBUG_FILE="$OUT/${coll}-${transport}.nccl.%p" -- \
       "$TESTS/${coll}_perf" -b 8 -e "$MAX" -f 4 -g 1 -c 0 -w 3 -n 10 > "$log" 2>&1
     python3 "$here/nccl_tests_log.py" table "$log" > "$OUT/${coll}-${transport}.csv"
     echo "done $coll $transport" >&2

@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """Turns bench-vs-socket.sh's CSVs into railnet/Socket ratio tables (markdown) and the CPU cost line."""
 import csv
+import glob
 import math
 import os
 import re
@@ -21,18 +22,18 @@ def human(size):
     return f"{size} B"
 
 
-def cpu_per_gb(log_path):
-    """Sums the 'TCP helper threads moved X GB using Y s of CPU' lines railnet logs at shutdown."""
+def cpu_per_gb(log_prefix):
+    """Sums the 'TCP helper threads moved X GB using Y s of CPU' lines railnet logs at shutdown, over the
+    NCCL debug files of every rank (LOG_PREFIX.nccl.<pid>)."""
     moved = cpu = 0.0
     pattern = re.compile(r"moved ([0-9.]+) GB using ([0-9.]+) s of CPU")
-    if not os.path.exists(log_path):
-        return None
-    with open(log_path, errors="replace") as log:
-        for line in log:
-            match = pattern.search(line)
-            if match:
-                moved += float(match.group(1))
-                cpu += float(match.group(2))
+    for path in glob.glob(log_prefix + ".nccl.*"):
+        with open(path, errors="replace") as log:
+            for line in log:
+                match = pattern.search(line)
+                if match:
+                    moved += float(match.group(1))
+                    cpu += float(match.group(2))
     return (cpu / moved, moved, cpu) if moved > 0 else None
 
 
@@ -57,7 +58,7 @@ def main():
             ratio = bw[0] / best_bw if best_bw > 0 else math.nan
             print(f"| {human(size)} | {bw[0]:.2f} | {bw[1]:.2f} | {bw[2]:.2f} | {ratio:.2f} | "
                   f"{us[0]:.1f} | {best_us:.1f} | {us[0] / best_us:.2f} |")
-        cost = cpu_per_gb(os.path.join(out, f"{coll}-railnet.log"))
+        cost = cpu_per_gb(os.path.join(out, f"{coll}-railnet"))
         if cost:
             print(f"\nrailnet helper-thread CPU: {cost[0]:.3f} s per GB moved ({cost[1]:.1f} GB, {cost[2]:.1f} s)")
 
