@@ -61,6 +61,26 @@ void Connection::sendControl(const void* first, size_t firstSize, const void* se
   if (secondSize > 0) controlOut_.insert(controlOut_.end(), b, b + secondSize);
 }
 
+ssize_t Connection::readControl() {
+  constexpr size_t kInputBytes = 64 * 1024;
+  if (input_.empty()) input_.resize(kInputBytes);
+  if (inputBegin_ == inputEnd_) {
+    inputBegin_ = inputEnd_ = 0;
+  } else if (inputBegin_ > 0 && input_.size() - inputEnd_ < sizeof(ClearToSendEntry) * 16) {
+    // Keep room for at least a whole frame header and its entries at the end.
+    std::memmove(input_.data(), input_.data() + inputBegin_, inputEnd_ - inputBegin_);
+    inputEnd_ -= inputBegin_;
+    inputBegin_ = 0;
+  }
+  size_t room = input_.size() - inputEnd_;
+  ssize_t got = readSome(control_.get(), input_.data() + inputEnd_, room);
+  lastReadFilled_ = got > 0 && static_cast<size_t>(got) == room;
+  if (got > 0) inputEnd_ += static_cast<size_t>(got);
+  return got;
+}
+
+void Connection::consumeControl(size_t bytes) { inputBegin_ += bytes; }
+
 bool Connection::flushControl() {
   while (controlOutSent_ < controlOut_.size()) {
     ssize_t sent = writeSome(control_.get(), controlOut_.data() + controlOutSent_, controlOut_.size() - controlOutSent_);

@@ -35,8 +35,18 @@ class Connection {
   // Control output, caller holds the owner's lock. Writes what the socket takes now, straight from the
   // caller's memory, and copies only the rest into the output queue (flushed by later calls).
   void sendControl(const void* first, size_t firstSize, const void* second = nullptr, size_t secondSize = 0);
-  // False once the control socket failed (the failure is recorded).
+  // False once the control socket failed (the failure is recorded). No syscall when nothing is queued.
   bool flushControl();
+
+  // Control input, caller holds the owner's lock. Bytes are read in large gulps into a staging buffer, so a
+  // frame and its payload usually cost one recv(), and a short read tells that the socket is drained.
+  // readControl returns bytes added (>0), 0 when nothing was waiting, kEndOfStream, or -errno.
+  ssize_t readControl();
+  const char* controlData() const { return input_.data() + inputBegin_; }
+  size_t controlSize() const { return inputEnd_ - inputBegin_; }
+  void consumeControl(size_t bytes);
+  // True when the last readControl filled the buffer, so more may be waiting in the socket.
+  bool controlMayHaveMore() const { return lastReadFilled_; }
 
   // The first failure wins. Recording is silent: a peer that closes after everything completed is no error.
   void recordFailure(const std::string& why);
@@ -56,6 +66,10 @@ class Connection {
 
   std::vector<char> controlOut_;
   size_t controlOutSent_ = 0;
+  std::vector<char> input_;
+  size_t inputBegin_ = 0;
+  size_t inputEnd_ = 0;
+  bool lastReadFilled_ = false;
 
   mutable std::mutex failureMutex_;
   std::string failure_;  // guarded by failureMutex_

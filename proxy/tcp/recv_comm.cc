@@ -1,5 +1,8 @@
 #include "proxy/tcp/recv_comm.h"
 
+#include <algorithm>
+#include <cstring>
+
 #include "railnet/error.h"
 #include "railnet/log.h"
 
@@ -35,8 +38,7 @@ ncclResult_t TcpRecvComm::irecv(int n, void** data, const size_t* sizes, const i
     return ncclInvalidUsage;
   }
   std::lock_guard<std::mutex> lock(mutex_);
-  if (!link_.failed()) pumpControl();
-  if (peerGone()) {
+  if (!link_.flushControl() || peerGone()) {
     link_.recordFailure("the sender closed the connection");
     return link_.reportFailure();
   }
@@ -113,38 +115,58 @@ bool TcpRecvComm::startFrame() {
   return true;
 }
 
+void TcpRecvComm::finishInline() {
+  inInline_ = false;
+  completeSlot(ring_[frame_.recvId % kRing], frame_.slot, frame_.size);
+}
+
+bool TcpRecvComm::consumeBuffered() {
+  while (link_.controlSize() > 0) {
+    if (inInline_) {
+      size_t take = static_cast<size_t>(std::min<uint64_t>(link_.controlSize(), inlineLeft_));
+      memcpy(inlineDestination_ + (frame_.size - inlineLeft_), link_.controlData(), take);
+      link_.consumeControl(take);
+      inlineLeft_ -= take;
+      if (inlineLeft_ == 0) finishInline();
+      continue;
+    }
+    if (link_.controlSize() < sizeof(FrameHeader)) break;
+    memcpy(&frame_, link_.controlData(), sizeof(FrameHeader));
+    link_.consumeControl(sizeof(FrameHeader));
+    if (!startFrame()) return false;
+  }
+  return true;
+}
+
 void TcpRecvComm::pumpControl() {
   if (!link_.flushControl() || controlClosed_.load(std::memory_order_relaxed)) return;
+  // Big inline payloads are read straight into their buffer rather than through the staging buffer.
+  constexpr uint64_t kDirectRead = 16 * 1024;
   for (;;) {
-    ssize_t got;
-    if (inInline_) {
-      got = readSome(link_.controlFd(), inlineDestination_ + (frame_.size - inlineLeft_), inlineLeft_);
-    } else {
-      got = readSome(link_.controlFd(), reinterpret_cast<char*>(&frame_) + frameBytes_, sizeof(FrameHeader) - frameBytes_);
-    }
+    if (!consumeBuffered()) return;
+    bool direct = inInline_ && inlineLeft_ >= kDirectRead;
+    size_t wanted = direct ? static_cast<size_t>(inlineLeft_) : 0;
+    ssize_t got = direct ? readSome(link_.controlFd(), inlineDestination_ + (frame_.size - inlineLeft_), wanted)
+                         : link_.readControl();
     if (got == 0) return;
     if (got == kEndOfStream) {
       // Not an error yet: chunks already on the data streams may still complete the posted receives.
       controlClosed_.store(true, std::memory_order_release);
-      if (inInline_ || frameBytes_ != 0) link_.recordFailure("the sender closed the connection mid-message");
+      if (inInline_ || link_.controlSize() != 0) link_.recordFailure("the sender closed the connection mid-message");
       return;
     }
     if (got < 0) {
       link_.recordFailure("control connection: " + errnoText(static_cast<int>(-got)));
       return;
     }
-    if (inInline_) {
+    if (direct) {
       inlineLeft_ -= static_cast<uint64_t>(got);
-      if (inlineLeft_ == 0) {
-        inInline_ = false;
-        completeSlot(ring_[frame_.recvId % kRing], frame_.slot, frame_.size);
-      }
-      continue;
+      if (inlineLeft_ == 0) finishInline();
+      if (static_cast<size_t>(got) < wanted) return;  // drained
+    } else if (!link_.controlMayHaveMore()) {
+      consumeBuffered();
+      return;
     }
-    frameBytes_ += static_cast<size_t>(got);
-    if (frameBytes_ < sizeof(FrameHeader)) continue;
-    frameBytes_ = 0;
-    if (!startFrame()) return;
   }
 }
 

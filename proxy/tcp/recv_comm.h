@@ -52,6 +52,9 @@ class TcpRecvComm final : public RecvComm, private StreamOwner {
   // Reads inline and oversize frames and flushes clear-to-sends. Caller holds mutex_.
   void pumpControl();
   bool startFrame();
+  // Parses frames and inline payload already in the staging buffer; false on a protocol error (recorded).
+  bool consumeBuffered();
+  void finishInline();
   void completeSlot(RecvRequest& request, int slot, uint64_t size);
   RecvRequest* postedRequest(uint32_t recvId, int slot);
   bool peerGone() const;
@@ -64,8 +67,7 @@ class TcpRecvComm final : public RecvComm, private StreamOwner {
   RecvRequest ring_[kRing];
   std::mutex mutex_;
   uint32_t nextRecvId_ = 0;  // guarded by mutex_
-  FrameHeader frame_{};      // frame being read from the control socket
-  size_t frameBytes_ = 0;
+  FrameHeader frame_{};      // frame whose payload is being read from the control socket
   char* inlineDestination_ = nullptr;
   uint64_t inlineLeft_ = 0;
   bool inInline_ = false;

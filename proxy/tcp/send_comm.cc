@@ -44,14 +44,7 @@ std::unique_ptr<MemoryRegion> TcpSendComm::regMrDmaBuf(void*, size_t, int, uint6
 void TcpSendComm::pumpControl() {
   if (!link_.flushControl()) return;
   for (;;) {
-    ssize_t got;
-    if (frameBytes_ < sizeof(FrameHeader)) {
-      got = readSome(link_.controlFd(), reinterpret_cast<char*>(&frame_) + frameBytes_, sizeof(FrameHeader) - frameBytes_);
-    } else {
-      size_t want = static_cast<size_t>(frame_.slot) * sizeof(ClearToSendEntry);
-      got = readSome(link_.controlFd(), reinterpret_cast<char*>(entries_) + entryBytes_, want - entryBytes_);
-    }
-    if (got == 0) return;
+    ssize_t got = link_.readControl();
     if (got == kEndOfStream) {
       link_.recordFailure("the receiver closed the connection");
       return;
@@ -60,25 +53,38 @@ void TcpSendComm::pumpControl() {
       link_.recordFailure("control connection: " + errnoText(static_cast<int>(-got)));
       return;
     }
-    if (frameBytes_ < sizeof(FrameHeader)) {
-      frameBytes_ += static_cast<size_t>(got);
-      if (frameBytes_ < sizeof(FrameHeader)) continue;
-      if (frame_.type != static_cast<uint8_t>(FrameType::kClearToSend) || frame_.slot < 1 || frame_.slot > kMaxRecvs) {
-        link_.recordFailure("protocol error: unexpected control frame type " + std::to_string(frame_.type));
-        return;
-      }
-      continue;
-    }
-    entryBytes_ += static_cast<size_t>(got);
-    if (entryBytes_ < static_cast<size_t>(frame_.slot) * sizeof(ClearToSendEntry)) continue;
-    PostedReceive receive{};
-    receive.recvId = frame_.recvId;
-    receive.count = frame_.slot;
-    memcpy(receive.entries, entries_, sizeof(ClearToSendEntry) * static_cast<size_t>(receive.count));
-    posted_.push_back(receive);
-    frameBytes_ = 0;
-    entryBytes_ = 0;
+    if (!parseClearToSends() || got == 0 || !link_.controlMayHaveMore()) return;
   }
+}
+
+bool TcpSendComm::parseClearToSends() {
+  while (link_.controlSize() >= sizeof(FrameHeader)) {
+    FrameHeader frame;
+    memcpy(&frame, link_.controlData(), sizeof(frame));
+    if (frame.type != static_cast<uint8_t>(FrameType::kClearToSend) || frame.slot < 1 || frame.slot > kMaxRecvs) {
+      link_.recordFailure("protocol error: unexpected control frame type " + std::to_string(frame.type));
+      return false;
+    }
+    size_t total = sizeof(FrameHeader) + frame.slot * sizeof(ClearToSendEntry);
+    if (link_.controlSize() < total) break;
+    PostedReceive receive{};
+    receive.recvId = frame.recvId;
+    receive.count = frame.slot;
+    memcpy(receive.entries, link_.controlData() + sizeof(FrameHeader), total - sizeof(FrameHeader));
+    posted_.push_back(receive);
+    link_.consumeControl(total);
+  }
+  return true;
+}
+
+TcpSendComm::Match TcpSendComm::findReceive(int tag) {
+  // The k-th send with tag t takes tag t's buffer in the k-th posted receive that lists t.
+  for (PostedReceive& receive : posted_) {
+    for (int i = 0; i < receive.count; ++i) {
+      if ((receive.usedMask & (1u << i)) == 0 && receive.entries[i].tag == tag) return {&receive, i};
+    }
+  }
+  return {nullptr, -1};
 }
 
 void TcpSendComm::warnIfStalled(int tag) {
@@ -103,25 +109,20 @@ void TcpSendComm::warnIfStalled(int tag) {
 ncclResult_t TcpSendComm::isend(void* data, size_t size, int tag, MemoryRegion*, Request** request) noexcept {
   *request = nullptr;
   std::lock_guard<std::mutex> lock(mutex_);
-  if (!link_.failed()) pumpControl();
-  if (link_.failed()) return link_.reportFailure();
-
-  // The k-th send with tag t takes tag t's buffer in the k-th posted receive that lists t.
-  PostedReceive* match = nullptr;
-  int slot = -1;
-  for (PostedReceive& receive : posted_) {
-    for (int i = 0; i < receive.count && slot < 0; ++i) {
-      if ((receive.usedMask & (1u << i)) == 0 && receive.entries[i].tag == tag) slot = i;
-    }
-    if (slot >= 0) {
-      match = &receive;
-      break;
-    }
+  if (link_.failed() || !link_.flushControl()) return link_.reportFailure();
+  Match found = findReceive(tag);
+  if (found.receive == nullptr) {
+    // Only read the socket when what we already hold does not match: one recv() at most per call.
+    pumpControl();
+    if (link_.failed()) return link_.reportFailure();
+    found = findReceive(tag);
   }
-  if (match == nullptr) {
+  if (found.receive == nullptr) {
     warnIfStalled(tag);
     return ncclSuccess;
   }
+  PostedReceive* match = found.receive;
+  int slot = found.slot;
   stalledSince_ = {};
   stallWarned_ = false;
   match->usedMask = static_cast<uint8_t>(match->usedMask | (1u << slot));
@@ -193,10 +194,8 @@ ncclResult_t TcpSendComm::testRequest(SendRequest* request, int* done, int* size
     freeRequests_.push_back(request);
     return ncclSuccess;
   }
-  if (link_.failed()) return link_.reportFailure();
-  // Keep clear-to-sends flowing while the proxy thread polls; skip if another thread is already at it.
-  std::unique_lock<std::mutex> lock(mutex_, std::try_to_lock);
-  if (lock.owns_lock()) pumpControl();
+  // No socket reads here: chunks are written by helper threads, which notice a vanished receiver, and
+  // clear-to-sends are read when isend needs one. Polling stays a pair of atomic loads.
   return link_.failed() ? link_.reportFailure() : ncclSuccess;
 }
 

@@ -43,7 +43,15 @@ class TcpSendComm final : public SendComm, private StreamOwner {
     uint8_t usedMask;
   };
 
+  struct Match {
+    PostedReceive* receive;
+    int slot;
+  };
+
   ncclResult_t testRequest(SendRequest* request, int* done, int* sizes) noexcept;
+  Match findReceive(int tag);
+  // Turns buffered control bytes into posted receives; false on a protocol error (recorded).
+  bool parseClearToSends();
   // Reads clear-to-send frames and flushes queued control bytes. Caller holds mutex_.
   void pumpControl();
   void sendStreamed(SendRequest* request, const char* data, uint64_t size, uint32_t recvId, int slot);
@@ -60,10 +68,6 @@ class TcpSendComm final : public SendComm, private StreamOwner {
 
   std::mutex mutex_;
   std::deque<PostedReceive> posted_;  // guarded by mutex_
-  FrameHeader frame_{};               // clear-to-send being read
-  size_t frameBytes_ = 0;
-  ClearToSendEntry entries_[kMaxRecvs]{};
-  size_t entryBytes_ = 0;
   std::vector<std::unique_ptr<SendRequest>> requests_;
   std::vector<SendRequest*> freeRequests_;  // guarded by mutex_
   uint32_t nextStream_ = 0;
