@@ -38,7 +38,7 @@
   X(Int, strayTimeoutMs, "RAILNET_STRAY_TIMEOUT_MS", 10000,                                                       \
     "An accepted connection that has not sent a valid hello in this time is dropped and logged.")                 \
   X(Int, tcpSpeedMbps, "RAILNET_TCP_SPEED_MBPS", 0,                                                               \
-    "Speed reported to NCCL for TCP devices; 0 reads /sys/class/net/<if>/speed (400000 for loopback).")
+    "Speed reported to NCCL for TCP devices; 0 reads /sys/class/net/<if>/speed (100000 for loopback).")
 
 namespace railnet {
 

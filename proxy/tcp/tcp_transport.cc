@@ -12,9 +12,10 @@
 namespace railnet::tcp {
 namespace {
 
-// Loopback has no link speed; 400 Gb/s is about what the kernel moves over lo with 16 streams (58 GB/s
-// measured), and it lets NCCL plan 4 channels instead of 2 (+43% all_reduce bandwidth, docs/performance.md).
-constexpr int kLoopbackSpeedMbps = 400000;
+// Loopback has no link speed. 100 Gb/s makes NCCL plan 2 channels; 400 Gb/s (closer to what lo carries)
+// makes it plan 4, which adds 43% all_reduce bandwidth at >= 64 MiB but doubles 32 KiB-512 KiB latency under
+// NCCL's own algorithm choice (docs/performance.md), so the default stays at 100 Gb/s.
+constexpr int kLoopbackSpeedMbps = 100000;
 constexpr int kUnknownSpeedMbps = 10000;  // what NCCL assumes for a speed it cannot read
 
 class TcpTransport final : public Transport {
