@@ -33,7 +33,13 @@ run() {
   fi
 }
 
-nccl_version=$(strings "$NCCL_LIB_DIR/libnccl.so.2" | grep -m1 -oE 'NCCL version [0-9.]+' || echo "NCCL (unknown)")
+nccl_version=$(python3 - "$NCCL_LIB_DIR/libnccl.so.2" <<'PY'
+import ctypes, sys
+version = ctypes.c_int()
+ctypes.CDLL(sys.argv[1]).ncclGetVersion(ctypes.byref(version))
+print(f"NCCL {version.value // 10000}.{version.value // 100 % 100}.{version.value % 100}")
+PY
+)
 echo "# $nccl_version from $NCCL_LIB_DIR, plugin $PLUGIN, $RANKS ranks as $RANKS hosts" | tee -a "$summary"
 common=(-b 8 -e "$max" -f 4 -g 1 -c 1 -w 2 -n 5)
 for coll in all_reduce all_gather reduce_scatter broadcast reduce alltoall sendrecv; do
