@@ -59,8 +59,11 @@ def train(device, steps):
     ddp = DistributedDataParallel(model, device_ids=[device.index], bucket_cap_mb=1)
     optimizer = torch.optim.SGD(ddp.parameters(), lr=0.05, momentum=0.9)
     generator = torch.Generator(device="cpu").manual_seed(42 + dist.get_rank())
-    inputs = torch.randn(steps, 64, 256, generator=generator).to(device)
-    targets = torch.randint(0, 10, (steps, 64), generator=generator).to(device)
+    inputs = torch.randn(steps, 64, 256, generator=generator)
+    # A learnable task: labels from a fixed random linear "teacher", the same on every rank.
+    teacher = torch.randn(256, 10, generator=torch.Generator(device="cpu").manual_seed(7))
+    targets = (inputs @ teacher).argmax(dim=-1).to(device)
+    inputs = inputs.to(device)
     losses = []
     for step in range(steps):
         optimizer.zero_grad()
