@@ -1,0 +1,196 @@
+#include "child.h"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+
+#include "comms.h"
+#include "transfer.h"
+
+extern char** environ;
+
+namespace conformance {
+namespace {
+
+struct ChildOptions {
+  bool sender = false;
+  std::string handleHex;
+  std::string plugin;
+  int version = 12;
+  int dev = 0;
+  size_t size = 1 << 20;
+};
+
+ChildOptions parseChild(int argc, char** argv) {
+  ChildOptions o;
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    if (arg == "--child-receiver" || i + 1 >= argc) continue;
+    const std::string value = argv[++i];
+    if (arg == "--child-sender") {
+      o.sender = true;
+      o.handleHex = value;
+    } else if (arg == "--plugin")
+      o.plugin = value;
+    else if (arg == "--version")
+      o.version = std::atoi(value.c_str());
+    else if (arg == "--dev")
+      o.dev = std::atoi(value.c_str());
+    else if (arg == "--size")
+      o.size = std::strtoull(value.c_str(), nullptr, 10);
+  }
+  return o;
+}
+
+// The child keeps going until killed; this only bounds a child whose parent vanished.
+const Deadline& forever() {
+  static const Deadline deadline(std::chrono::minutes(10));
+  return deadline;
+}
+
+void sendForever(NetApi& net, void* sendComm, size_t size) {
+  HostBuffer buffer(size);
+  fillPattern(buffer.data(), size, 7);
+  Registration reg(net, sendComm, buffer.data(), size);
+  for (;;) {
+    void* request = postSend(net, sendComm, buffer.data(), size, 0, reg.handle(), forever());
+    REQUIRE_OK(waitRequest(net, request, nullptr, forever()));
+  }
+}
+
+void receiveForever(NetApi& net, void* recvComm, size_t size) {
+  HostBuffer buffer(size);
+  Registration reg(net, recvComm, buffer.data(), size);
+  for (;;) {
+    void* request = postRecv(net, recvComm, buffer.data(), size, reg.handle(), forever());
+    int received = 0;
+    REQUIRE_OK(waitRequest(net, request, &received, forever()));
+  }
+}
+
+void runChild(const ChildOptions& o) {
+  PluginLibrary library(o.plugin);
+  std::unique_ptr<NetApi> net = library.api(o.version);
+  REQUIRE(net != nullptr, "child: version not exported");
+  NetContext ctx(*net, 0xC41D);
+  if (o.sender) {
+    ConnHandle handle;
+    REQUIRE(fromHex(o.handleHex, handle.bytes, sizeof(handle.bytes)), "child: bad handle");
+    Comm send = connectLoop(*net, ctx.get(), o.dev, handle, forever());
+    sendForever(*net, send.get(), o.size);
+  } else {
+    ConnHandle handle;
+    Comm listener = listenOn(*net, ctx.get(), o.dev, &handle);
+    std::printf("HANDLE %s\n", toHex(handle.bytes, sizeof(handle.bytes)).c_str());
+    std::fflush(stdout);
+    Comm recv = acceptLoop(*net, listener.get(), forever());
+    REQUIRE_OK(listener.close());
+    receiveForever(*net, recv.get(), o.size);
+  }
+}
+
+std::string selfPath() {
+  char path[4096];
+  const ssize_t n = readlink("/proc/self/exe", path, sizeof(path) - 1);
+  if (n <= 0) throw TestFailure("cannot read /proc/self/exe");
+  path[n] = '\0';
+  return path;
+}
+
+}  // namespace
+
+bool isChildInvocation(int argc, char** argv) {
+  for (int i = 1; i < argc; ++i) {
+    if (std::strcmp(argv[i], "--child-sender") == 0 || std::strcmp(argv[i], "--child-receiver") == 0) return true;
+  }
+  return false;
+}
+
+int childMain(int argc, char** argv) {
+  // Never outlive the harness, even if it dies without killing us.
+  prctl(PR_SET_PDEATHSIG, SIGKILL);
+  try {
+    runChild(parseChild(argc, argv));
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "conformance child: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}
+
+ChildProcess::ChildProcess(const std::vector<std::string>& args) {
+  int fds[2];
+  if (pipe2(fds, O_CLOEXEC) != 0) throw TestFailure("pipe2 failed");
+  const std::string exe = selfPath();
+  std::vector<std::string> all = {exe};
+  all.insert(all.end(), args.begin(), args.end());
+  std::vector<char*> argv;
+  for (std::string& a : all) argv.push_back(a.data());
+  argv.push_back(nullptr);
+
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_adddup2(&actions, fds[1], STDOUT_FILENO);
+  // A separate process holds none of our sockets, as a real remote peer would not.
+  posix_spawn_file_actions_addclosefrom_np(&actions, 3);
+  const int rc = posix_spawn(&pid_, exe.c_str(), &actions, nullptr, argv.data(), environ);
+  posix_spawn_file_actions_destroy(&actions);
+  close(fds[1]);
+  stdoutFd_ = fds[0];
+  if (rc != 0) {
+    pid_ = -1;
+    throw TestFailure(strf("posix_spawn(%s) failed: %s", exe.c_str(), std::strerror(rc)));
+  }
+}
+
+ChildProcess::~ChildProcess() {
+  kill();
+  if (stdoutFd_ >= 0) close(stdoutFd_);
+}
+
+void ChildProcess::kill() {
+  if (pid_ <= 0) return;
+  ::kill(pid_, SIGKILL);
+  int status = 0;
+  while (waitpid(pid_, &status, 0) < 0 && errno == EINTR) {
+  }
+  pid_ = -1;
+}
+
+std::string ChildProcess::readLine(const Deadline& deadline) {
+  for (;;) {
+    const size_t newline = pending_.find('\n');
+    if (newline != std::string::npos) {
+      std::string line = pending_.substr(0, newline);
+      pending_.erase(0, newline + 1);
+      return line;
+    }
+    deadline.check("a line from the child process");
+    pollfd pfd{stdoutFd_, POLLIN, 0};
+    if (poll(&pfd, 1, 100) <= 0) continue;
+    char chunk[512];
+    const ssize_t n = read(stdoutFd_, chunk, sizeof(chunk));
+    if (n == 0) throw TestFailure("the child process exited before printing its line (see stderr)");
+    if (n > 0) pending_.append(chunk, static_cast<size_t>(n));
+  }
+}
+
+std::vector<std::string> childSenderArgs(const std::string& handleHex, int version, int dev, size_t size) {
+  return {"--child-sender",        handleHex, "--plugin",          options().plugin, "--version",
+          std::to_string(version), "--dev",   std::to_string(dev), "--size",         std::to_string(size)};
+}
+
+std::vector<std::string> childReceiverArgs(int version, int dev, size_t size) {
+  return {"--child-receiver",  "--plugin", options().plugin,    "--version", std::to_string(version), "--dev",
+          std::to_string(dev), "--size",   std::to_string(size)};
+}
+
+}  // namespace conformance

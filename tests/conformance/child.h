@@ -1,0 +1,44 @@
+// Peer processes for the killed-peer tests: the harness re-executes itself (/proc/self/exe) as a sender or a
+// receiver that moves data until the parent kills it with SIGKILL.
+#pragma once
+
+#include <sys/types.h>
+
+#include <string>
+#include <vector>
+
+#include "harness.h"
+
+namespace conformance {
+
+// True when argv asks for a child role (--child-sender HEX / --child-receiver).
+bool isChildInvocation(int argc, char** argv);
+// Runs the child role; returns the exit code (it normally runs until killed).
+int childMain(int argc, char** argv);
+
+// A copy of this executable with the given arguments, stdout piped to us; SIGKILLed and reaped on destruction.
+class ChildProcess {
+ public:
+  explicit ChildProcess(const std::vector<std::string>& args);
+  ~ChildProcess();
+  ChildProcess(const ChildProcess&) = delete;
+  ChildProcess& operator=(const ChildProcess&) = delete;
+
+  pid_t pid() const { return pid_; }
+  // One line of the child's stdout (without the newline); throws TestFailure on EOF or at the deadline.
+  std::string readLine(const Deadline& deadline);
+  // SIGKILL and reap.
+  void kill();
+
+ private:
+  pid_t pid_ = -1;
+  int stdoutFd_ = -1;
+  std::string pending_;
+};
+
+// The arguments for a child that connects with `handle` and sends `size`-byte messages forever.
+std::vector<std::string> childSenderArgs(const std::string& handleHex, int version, int dev, size_t size);
+// The arguments for a child that listens, prints "HANDLE <hex>", accepts and receives forever.
+std::vector<std::string> childReceiverArgs(int version, int dev, size_t size);
+
+}  // namespace conformance

@@ -1,0 +1,444 @@
+#include "harness.h"
+
+#include <dirent.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdarg>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <iterator>
+#include <thread>
+
+#include "log_capture.h"
+
+namespace conformance {
+namespace {
+
+Options gOptions;
+int gStartupThreads = -1;
+
+// Read by signal handlers: fixed storage and lock-free atomics only.
+char gCurrentTest[256] = "(startup)";
+std::atomic<int> gPassed{0};
+std::atomic<int> gFailed{0};
+
+void writeStr(const char* s) {
+  size_t left = std::strlen(s);
+  while (left > 0) {
+    const ssize_t n = write(STDOUT_FILENO, s, left);
+    if (n <= 0) return;
+    s += n;
+    left -= static_cast<size_t>(n);
+  }
+}
+
+void writeInt(long value) {
+  char digits[24];
+  int n = 0;
+  const bool negative = value < 0;
+  unsigned long v = negative ? static_cast<unsigned long>(-value) : static_cast<unsigned long>(value);
+  do {
+    digits[n++] = static_cast<char>('0' + v % 10);
+    v /= 10;
+  } while (v && n < 22);
+  if (negative) digits[n++] = '-';
+  char out[24];
+  for (int i = 0; i < n; ++i) out[i] = digits[n - 1 - i];
+  out[n] = '\0';
+  writeStr(out);
+}
+
+// The last words of a run that cannot continue: the current test fails, then the summary line.
+void writeFatal(const char* reason) {
+  writeStr("\nFAIL ");
+  writeStr(gCurrentTest);
+  writeStr(": ");
+  writeStr(reason);
+  writeStr("\n");
+  writeInt(gPassed.load());
+  writeStr(" passed, ");
+  writeInt(gFailed.load() + 1);
+  writeStr(" failed\n");
+}
+
+void onAlarm(int) {
+  writeFatal("watchdog: the test did not finish in time (hung)");
+  _exit(3);
+}
+
+void onSigpipe(int) {
+  writeFatal("SIGPIPE: the plugin wrote to a closed socket without MSG_NOSIGNAL (NCCL does not ignore SIGPIPE)");
+  _exit(3);
+}
+
+void onCrash(int sig) {
+  writeFatal(sig == SIGSEGV ? "crashed (SIGSEGV)" : sig == SIGABRT ? "crashed (SIGABRT)" : "crashed (signal)");
+  signal(sig, SIG_DFL);
+  raise(sig);
+}
+
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+constexpr bool kSanitized = true;
+#else
+constexpr bool kSanitized = false;
+#endif
+
+void installSignalHandlers() {
+  signal(SIGALRM, onAlarm);
+  signal(SIGPIPE, onSigpipe);
+  // Sanitizers print better crash reports than we can; keep theirs.
+  if (!kSanitized) {
+    for (int sig : {SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGABRT}) signal(sig, onCrash);
+  }
+}
+
+[[noreturn]] void usage(const char* error) {
+  std::fprintf(stderr,
+               "%s\nusage: railnet-conformance --plugin PATH [--version all|8|9|10|11|12] [--group NAME]\n"
+               "         [--filter SUBSTRING] [--max-size BYTES[K|M|G]] [--list] [--verbose]\n"
+               "         [--wait-timeout SEC] [--test-timeout SEC]\n",
+               error);
+  std::exit(2);
+}
+
+size_t parseSize(const std::string& text) {
+  char* end = nullptr;
+  const unsigned long long value = std::strtoull(text.c_str(), &end, 10);
+  if (end == text.c_str()) usage("--max-size: not a number");
+  const std::string suffix(end);
+  if (suffix.empty()) return value;
+  if (suffix == "K" || suffix == "k") return value << 10;
+  if (suffix == "M" || suffix == "m") return value << 20;
+  if (suffix == "G" || suffix == "g") return value << 30;
+  usage("--max-size: unknown suffix");
+}
+
+void parseOptions(int argc, char** argv) {
+  Options& o = gOptions;
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    auto value = [&]() -> std::string {
+      if (i + 1 >= argc) usage(("missing value for " + arg).c_str());
+      return argv[++i];
+    };
+    if (arg == "--plugin")
+      o.plugin = value();
+    else if (arg == "--version") {
+      const std::string v = value();
+      if (v != "all") {
+        const int n = std::atoi(v.c_str());
+        bool known = false;
+        for (int s : kSupportedVersions) known |= s == n;
+        if (!known) usage("--version: expected all, 8, 9, 10, 11 or 12");
+        o.versions = {n};
+        o.versionGiven = true;
+      }
+    } else if (arg == "--group")
+      o.group = value();
+    else if (arg == "--filter")
+      o.filter = value();
+    else if (arg == "--max-size")
+      o.maxSize = parseSize(value());
+    else if (arg == "--list")
+      o.list = true;
+    else if (arg == "--verbose")
+      o.verbose = true;
+    else if (arg == "--wait-timeout")
+      o.waitTimeoutSec = std::max(1, std::atoi(value().c_str()));
+    else if (arg == "--test-timeout")
+      o.testTimeoutSec = std::max(1, std::atoi(value().c_str()));
+    else
+      usage(("unknown option " + arg).c_str());
+  }
+  if (o.plugin.empty() && !o.list) usage("--plugin is required");
+}
+
+std::string testName(const TestCase& test, int version) {
+  const std::string base = std::string(test.group) + "." + test.name;
+  return version ? "v" + std::to_string(version) + "/" + base : base;
+}
+
+bool selected(const TestCase& test, const std::string& name) {
+  if (!gOptions.group.empty() && gOptions.group != test.group) return false;
+  return gOptions.filter.empty() || name.find(gOptions.filter) != std::string::npos;
+}
+
+std::string oneLine(std::string text) {
+  for (char& c : text) {
+    if (c == '\n' || c == '\r') c = ' ';
+  }
+  return text;
+}
+
+void report(const std::string& line) {
+  std::fputs(line.c_str(), stdout);
+  std::fputc('\n', stdout);
+  std::fflush(stdout);
+}
+
+void runOne(const std::string& name, void (*fn)(TestEnv&), TestEnv& env) {
+  std::snprintf(gCurrentTest, sizeof(gCurrentTest), "%s", name.c_str());
+  const uint64_t mark = logMark();
+  const auto start = std::chrono::steady_clock::now();
+  alarm(static_cast<unsigned>(gOptions.testTimeoutSec));
+  std::string error;
+  try {
+    fn(env);
+  } catch (const TestFailure& e) {
+    error = e.what();
+  } catch (const std::exception& e) {
+    error = std::string("unexpected exception: ") + e.what();
+  }
+  alarm(0);
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  if (error.empty()) {
+    gPassed.fetch_add(1);
+    report(strf("PASS %s (%.2f s)", name.c_str(), seconds));
+  } else {
+    gFailed.fetch_add(1);
+    report("FAIL " + name + ": " + oneLine(error));
+    std::fprintf(stderr, "--- plugin warnings during %s:\n%s", name.c_str(), describeWarnings(mark).c_str());
+  }
+}
+
+void recordFailure(const std::string& name, const std::string& reason) {
+  gFailed.fetch_add(1);
+  report("FAIL " + name + ": " + oneLine(reason));
+}
+
+// Groups run in this order; lifecycle last because its tests unload and reload the plugin.
+int groupRank(const char* group) {
+  static const char* const order[] = {"basic", "data", "grouped", "failure", "lifecycle"};
+  for (int i = 0; i < static_cast<int>(std::size(order)); ++i) {
+    if (std::strcmp(order[i], group) == 0) return i;
+  }
+  return static_cast<int>(std::size(order));
+}
+
+}  // namespace
+
+const Options& options() { return gOptions; }
+
+int startupThreadCount() { return gStartupThreads; }
+
+int threadCount() { return static_cast<int>(threadNames().size()); }
+
+std::vector<std::string> threadNames() {
+  std::vector<std::string> names;
+  DIR* dir = opendir("/proc/self/task");
+  if (!dir) return names;
+  while (const dirent* entry = readdir(dir)) {
+    if (entry->d_name[0] == '.') continue;
+    std::string name = "?";
+    if (FILE* comm = std::fopen(strf("/proc/self/task/%s/comm", entry->d_name).c_str(), "r")) {
+      char buffer[64] = {};
+      if (std::fgets(buffer, sizeof(buffer), comm)) name = buffer;
+      std::fclose(comm);
+      if (!name.empty() && name.back() == '\n') name.pop_back();
+    }
+    names.push_back(name);
+  }
+  closedir(dir);
+  return names;
+}
+
+std::string strf(const char* fmt, ...) {
+  va_list args;
+  va_start(args, fmt);
+  va_list copy;
+  va_copy(copy, args);
+  const int n = std::vsnprintf(nullptr, 0, fmt, copy);
+  va_end(copy);
+  std::string out(n > 0 ? static_cast<size_t>(n) : 0, '\0');
+  if (n > 0) std::vsnprintf(out.data(), out.size() + 1, fmt, args);
+  va_end(args);
+  return out;
+}
+
+const char* resultName(ncclResult_t rc) {
+  switch (rc) {
+    case ncclSuccess: return "ncclSuccess";
+    case ncclUnhandledCudaError: return "ncclUnhandledCudaError";
+    case ncclSystemError: return "ncclSystemError";
+    case ncclInternalError: return "ncclInternalError";
+    case ncclInvalidArgument: return "ncclInvalidArgument";
+    case ncclInvalidUsage: return "ncclInvalidUsage";
+    case ncclRemoteError: return "ncclRemoteError";
+    case ncclInProgress: return "ncclInProgress";
+    case ncclTimeout: return "ncclTimeout";
+  }
+  return "(unknown ncclResult_t)";
+}
+
+void fail(const char* file, int line, const std::string& message) {
+  const char* base = std::strrchr(file, '/');
+  throw TestFailure(strf("%s (%s:%d)", message.c_str(), base ? base + 1 : file, line));
+}
+
+Deadline::Deadline(std::chrono::milliseconds budget, const std::atomic<bool>* abort)
+    : end_(std::chrono::steady_clock::now() + budget), abort_(abort) {}
+
+Deadline::Deadline(const std::atomic<bool>* abort) : Deadline(std::chrono::seconds(options().waitTimeoutSec), abort) {}
+
+bool Deadline::expired() const {
+  return (abort_ && abort_->load(std::memory_order_relaxed)) || std::chrono::steady_clock::now() >= end_;
+}
+
+void Deadline::check(const char* what) const {
+  if (abort_ && abort_->load(std::memory_order_relaxed))
+    throw TestFailure("aborted: another thread of the test failed");
+  if (std::chrono::steady_clock::now() >= end_) throw TestFailure(std::string("timed out waiting for ") + what);
+}
+
+void Backoff::idle() {
+  if (++idleRounds_ < 64) {
+    std::this_thread::yield();
+  } else {
+    std::this_thread::sleep_for(std::chrono::microseconds(idleRounds_ < 2048 ? 20 : 200));
+  }
+}
+
+ThreadGroup::~ThreadGroup() {
+  abort_.store(true);
+  for (auto& t : threads_) {
+    if (t->thread.joinable()) t->thread.join();
+  }
+}
+
+void ThreadGroup::spawn(std::function<void()> fn) {
+  auto worker = std::make_unique<Worker>();
+  Worker* raw = worker.get();
+  threads_.push_back(std::move(worker));
+  raw->thread = std::thread([this, raw, fn = std::move(fn)] {
+    try {
+      fn();
+    } catch (...) {
+      raw->error = std::current_exception();
+      abort_.store(true);
+    }
+  });
+}
+
+void ThreadGroup::join() {
+  for (auto& t : threads_) {
+    if (t->thread.joinable()) t->thread.join();
+  }
+  // Report the first real failure, not a sibling's "aborted" echo of it.
+  std::exception_ptr first;
+  for (auto& t : threads_) {
+    if (!t->error) continue;
+    if (!first) first = t->error;
+    try {
+      std::rethrow_exception(t->error);
+    } catch (const TestFailure& e) {
+      if (std::strncmp(e.what(), "aborted:", 8) != 0) {
+        first = t->error;
+        break;
+      }
+    } catch (...) {
+      first = t->error;
+      break;
+    }
+  }
+  threads_.clear();
+  if (first) std::rethrow_exception(first);
+}
+
+std::vector<TestCase>& registry() {
+  static std::vector<TestCase> tests;
+  return tests;
+}
+
+Registrar::Registrar(const char* group, const char* name, Scope scope, void (*fn)(TestEnv&)) {
+  registry().push_back({group, name, scope, fn});
+}
+
+int runHarness(int argc, char** argv) {
+  parseOptions(argc, argv);
+  std::stable_sort(registry().begin(), registry().end(),
+                   [](const TestCase& a, const TestCase& b) { return groupRank(a.group) < groupRank(b.group); });
+  if (!gOptions.group.empty()) {
+    bool known = false;
+    for (const TestCase& test : registry()) known |= gOptions.group == test.group;
+    if (!known) usage(("unknown group " + gOptions.group).c_str());
+  }
+  std::vector<int> versions = gOptions.versions;
+  if (versions.empty()) versions.assign(std::begin(kSupportedVersions), std::end(kSupportedVersions));
+
+  if (gOptions.list) {
+    for (const TestCase& test : registry()) {
+      if (test.scope == Scope::Once && selected(test, testName(test, 0))) report(testName(test, 0));
+    }
+    for (int v : versions) {
+      for (const TestCase& test : registry()) {
+        if (test.scope != Scope::Once && selected(test, testName(test, v))) report(testName(test, v));
+      }
+    }
+    return 0;
+  }
+
+  setLogEcho(gOptions.verbose);
+  installSignalHandlers();
+
+  // Sanitizer runtimes start a helper thread at the first pthread_create; let that happen before counting.
+  std::thread([] {}).join();
+  gStartupThreads = threadCount();
+  // Which versions the library exports decides which passes run; a requested but missing one fails.
+  std::vector<int> exported;
+  try {
+    PluginLibrary probe(gOptions.plugin);
+    for (int v : versions) {
+      if (probe.exports(v))
+        exported.push_back(v);
+      else
+        recordFailure(strf("v%d/load", v), symbolName(v) + " is not exported by " + gOptions.plugin);
+    }
+  } catch (const std::exception& e) {
+    recordFailure("load", e.what());
+  }
+
+  TestEnv onceEnv;
+  onceEnv.pluginPath = &gOptions.plugin;
+  for (const TestCase& test : registry()) {
+    const std::string name = testName(test, 0);
+    if (test.scope == Scope::Once && selected(test, name)) runOne(name, test.fn, onceEnv);
+  }
+
+  for (int v : exported) {
+    TestEnv env;
+    env.version = v;
+    env.pluginPath = &gOptions.plugin;
+    // The largest sizes cost seconds each; one version per run carries them unless a version was chosen.
+    env.heavy = gOptions.versionGiven || v == exported.front();
+    std::unique_ptr<PluginLibrary> shared;
+    std::unique_ptr<NetApi> api;
+    for (const TestCase& test : registry()) {
+      const std::string name = testName(test, v);
+      if (test.scope == Scope::Once || !selected(test, name)) continue;
+      if (test.scope == Scope::PerVersionOwnLoad) {
+        api.reset();
+        shared.reset();
+      } else if (!shared) {
+        try {
+          shared = std::make_unique<PluginLibrary>(gOptions.plugin);
+          api = shared->api(v);
+        } catch (const std::exception& e) {
+          recordFailure(name, e.what());
+          continue;
+        }
+      }
+      env.net = api.get();
+      runOne(name, test.fn, env);
+    }
+  }
+
+  const int passed = gPassed.load();
+  const int failed = gFailed.load();
+  report(strf("%d passed, %d failed", passed, failed));
+  return failed == 0 ? 0 : 1;
+}
+
+}  // namespace conformance

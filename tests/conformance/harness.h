@@ -1,0 +1,154 @@
+// The test framework: options, test registry, failure reporting, deadlines, helper threads, the watchdog.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <exception>
+#include <functional>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "loader.h"
+
+namespace conformance {
+
+struct Options {
+  std::string plugin;
+  std::vector<int> versions;  // empty: every exported version
+  bool versionGiven = false;  // --version N: that version also runs the largest sizes
+  std::string group;
+  std::string filter;
+  size_t maxSize = size_t{1} << 30;
+  bool list = false;
+  bool verbose = false;
+  int waitTimeoutSec = 30;   // any single wait loop
+  int testTimeoutSec = 120;  // the watchdog, per test case
+};
+
+const Options& options();
+// Threads of this process (entries in /proc/self/task), and that count before the plugin was first loaded.
+int threadCount();
+int startupThreadCount();
+// The names (/proc/self/task/*/comm) of this process's threads.
+std::vector<std::string> threadNames();
+
+__attribute__((format(printf, 1, 2))) std::string strf(const char* fmt, ...);
+const char* resultName(ncclResult_t rc);
+
+// Thrown by REQUIRE and friends; the runner prints it as FAIL.
+class TestFailure : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+[[noreturn]] void fail(const char* file, int line, const std::string& message);
+
+#define REQUIRE(cond, message)                                                                   \
+  do {                                                                                           \
+    if (!(cond)) ::conformance::fail(__FILE__, __LINE__, std::string(#cond) + ": " + (message)); \
+  } while (0)
+
+// The call must return ncclSuccess.
+#define REQUIRE_OK(call)                                                                                           \
+  do {                                                                                                             \
+    ncclResult_t rc_ = (call);                                                                                     \
+    if (rc_ != ncclSuccess)                                                                                        \
+      ::conformance::fail(__FILE__, __LINE__, std::string(#call) + " returned " + ::conformance::resultName(rc_)); \
+  } while (0)
+
+// Stops every wait loop of a test when time runs out or when a sibling thread already failed, so one
+// failure does not leave the other side spinning until its own deadline.
+class Deadline {
+ public:
+  Deadline(std::chrono::milliseconds budget, const std::atomic<bool>* abort = nullptr);
+  // Uses options().waitTimeoutSec.
+  explicit Deadline(const std::atomic<bool>* abort = nullptr);
+  bool expired() const;
+  // Throws TestFailure naming `what` when expired or aborted.
+  void check(const char* what) const;
+  std::chrono::steady_clock::time_point end() const { return end_; }
+
+ private:
+  std::chrono::steady_clock::time_point end_;
+  const std::atomic<bool>* abort_;
+};
+
+// Back-off for "not yet, call again" loops: spins briefly, then sleeps so that on a 2-core machine the
+// plugin's own threads get the CPU.
+class Backoff {
+ public:
+  void idle();
+  void progressed() { idleRounds_ = 0; }
+
+ private:
+  int idleRounds_ = 0;
+};
+
+// Runs functions on their own threads; join() waits for all and rethrows the first failure. The shared
+// abort flag is raised as soon as one fails so the others' Deadlines stop them.
+class ThreadGroup {
+ public:
+  ThreadGroup() = default;
+  ~ThreadGroup();
+  ThreadGroup(const ThreadGroup&) = delete;
+  ThreadGroup& operator=(const ThreadGroup&) = delete;
+
+  void spawn(std::function<void()> fn);
+  void join();
+  const std::atomic<bool>* abortFlag() const { return &abort_; }
+
+ private:
+  struct Worker {
+    std::thread thread;
+    std::exception_ptr error;
+  };
+  std::vector<std::unique_ptr<Worker>> threads_;  // stable addresses: each thread writes its own error
+  std::atomic<bool> abort_{false};
+};
+
+// What a test case runs against.
+struct TestEnv {
+  NetApi* net = nullptr;  // the version under test, from the shared load (nullptr for Once tests)
+  int version = 0;        // 0 for Once tests
+  bool heavy = false;     // this pass runs the largest sizes
+  int dev = 0;            // the device tests use
+  const std::string* pluginPath = nullptr;
+};
+
+enum class Scope {
+  PerVersion,         // runs once per ABI version on the shared load
+  PerVersionOwnLoad,  // per version, but with the shared load released first (it opens its own)
+  Once,               // once per run, independent of the version
+};
+
+struct TestCase {
+  const char* group;
+  const char* name;
+  Scope scope;
+  void (*fn)(TestEnv&);
+};
+
+std::vector<TestCase>& registry();
+
+struct Registrar {
+  Registrar(const char* group, const char* name, Scope scope, void (*fn)(TestEnv&));
+};
+
+#define CONFORMANCE_CONCAT2(a, b) a##b
+#define CONFORMANCE_CONCAT(a, b) CONFORMANCE_CONCAT2(a, b)
+// TEST_CASE("group", "name", Scope::X) { ... env ... }
+#define TEST_CASE(group, name, scope)                                                                                  \
+  static void CONFORMANCE_CONCAT(testFn_, __LINE__)(::conformance::TestEnv & env);                                     \
+  static const ::conformance::Registrar CONFORMANCE_CONCAT(testReg_, __LINE__)(group, name, scope,                     \
+                                                                               CONFORMANCE_CONCAT(testFn_, __LINE__)); \
+  static void CONFORMANCE_CONCAT(testFn_, __LINE__)([[maybe_unused]] ::conformance::TestEnv & env)
+
+// Parses the command line (exits on usage errors), runs the selected tests, returns the exit code.
+int runHarness(int argc, char** argv);
+
+}  // namespace conformance

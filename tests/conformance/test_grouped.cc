@@ -1,0 +1,228 @@
+// Grouped receives (irecv with n buffers, one tag each) and the tag-matching rule under many send orders:
+// the k-th send with tag t lands in tag t's buffer of the k-th grouped receive listing t (group "grouped").
+#include <algorithm>
+#include <map>
+#include <random>
+
+#include "comms.h"
+#include "harness.h"
+#include "transfer.h"
+
+namespace conformance {
+namespace {
+
+constexpr size_t KiB = size_t{1} << 10;
+constexpr size_t MiB = size_t{1} << 20;
+constexpr int kMaxRecvs = 8;
+
+// Grouped receives listing `tagsOf(g)`, each buffer `capacity(g, b)` bytes, and one send per buffer no larger
+// than it, in group-major order (every peer sends its k-th message for the k-th receive).
+template <typename Tags, typename Capacity>
+Plan groupedPlan(int groups, Tags tagsOf, Capacity capacity, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  Plan plan;
+  plan.seed = seed;
+  for (int g = 0; g < groups; ++g) {
+    const std::vector<int> tags = tagsOf(g, rng);
+    RecvGroup group;
+    for (size_t b = 0; b < tags.size(); ++b) {
+      const size_t cap = capacity(g, rng);
+      group.push_back({tags[b], cap});
+      plan.sends.push_back({tags[b], randomSize(rng, cap)});
+    }
+    plan.recvs.push_back(group);
+  }
+  return plan;
+}
+
+std::vector<int> allTags(int, std::mt19937_64&) { return {0, 1, 2, 3, 4, 5, 6, 7}; }
+
+// Reorders the sends while keeping each tag's own order (which decides matching): picks the next tag by
+// `chooseTag` among tags that still have sends.
+template <typename Choose>
+void interleave(Plan& plan, Choose chooseTag) {
+  std::map<int, std::vector<SendSpec>> byTag;
+  for (const SendSpec& s : plan.sends) byTag[s.tag].push_back(s);
+  std::map<int, size_t> next;
+  std::vector<SendSpec> order;
+  while (order.size() < plan.sends.size()) {
+    std::vector<int> open;
+    for (const auto& [tag, list] : byTag) {
+      if (next[tag] < list.size()) open.push_back(tag);
+    }
+    const int tag = chooseTag(open);
+    order.push_back(byTag[tag][next[tag]++]);
+  }
+  plan.sends = order;
+}
+
+// All sends of one tag, then the next tag, in `tagOrder`.
+void tagMajor(Plan& plan, const std::vector<int>& tagOrder) {
+  interleave(plan, [&](const std::vector<int>& open) {
+    for (int t : tagOrder) {
+      if (std::find(open.begin(), open.end(), t) != open.end()) return t;
+    }
+    return open.front();
+  });
+}
+
+void randomInterleave(Plan& plan, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  interleave(plan, [&](const std::vector<int>& open) { return open[rng() % open.size()]; });
+}
+
+// Within each round of sends, tags in descending order.
+void reverseTags(Plan& plan) {
+  std::map<int, int> seen;
+  std::vector<std::pair<std::pair<int, int>, SendSpec>> keyed;
+  for (const SendSpec& s : plan.sends) keyed.push_back({{seen[s.tag]++, -s.tag}, s});
+  std::stable_sort(keyed.begin(), keyed.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+  for (size_t i = 0; i < keyed.size(); ++i) plan.sends[i] = keyed[i].second;
+}
+
+// One peer lags `rounds` receives behind the others.
+void laggingPeer(Plan& plan, int slowTag, int rounds) {
+  std::map<int, int> seen;
+  std::vector<std::pair<int, SendSpec>> keyed;
+  for (const SendSpec& s : plan.sends) {
+    const int k = seen[s.tag]++;
+    keyed.push_back({k + (s.tag == slowTag ? rounds : 0), s});
+  }
+  std::stable_sort(keyed.begin(), keyed.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+  for (size_t i = 0; i < keyed.size(); ++i) plan.sends[i] = keyed[i].second;
+}
+
+Plan eightTagPlan(int groups, size_t capacity, uint64_t seed, int sendWindow, int recvWindow) {
+  Plan plan = groupedPlan(
+      groups, allTags, [capacity](int, std::mt19937_64&) { return capacity; }, seed);
+  plan.sendWindow = sendWindow;
+  plan.recvWindow = recvWindow;
+  return plan;
+}
+
+}  // namespace
+
+TEST_CASE("grouped", "in_order", Scope::PerVersion) {
+  LinkedPair pair(*env.net, env.dev);
+  runTransfer(*env.net, pair.conn, eightTagPlan(16, 64 * KiB, 41, 8, 8));
+}
+
+TEST_CASE("grouped", "interleavings", Scope::PerVersion) {
+  // NCCL's proxy advances every peer (tag) independently, so any cross-tag order can reach the plugin.
+  LinkedPair pair(*env.net, env.dev);
+  struct Variant {
+    const char* name;
+    void (*apply)(Plan&);
+  };
+  const Variant variants[] = {
+      {"tag 3 first, then 1, 7, 0, 5, 2, 6, 4",
+       [](Plan& p) {
+         tagMajor(p, {3, 1, 7, 0, 5, 2, 6, 4});
+       }},
+      {"tags descending", [](Plan& p) { reverseTags(p); }},
+      {"tag 5 lags two receives", [](Plan& p) { laggingPeer(p, 5, 2); }},
+      {"tag 0 runs three receives ahead", [](Plan& p) { laggingPeer(p, 0, -3); }},
+      {"random interleaving A", [](Plan& p) { randomInterleave(p, 42); }},
+      {"random interleaving B", [](Plan& p) { randomInterleave(p, 43); }},
+  };
+  uint64_t seed = 50;
+  for (const Variant& v : variants) {
+    for (int sendWindow : {8, 2}) {
+      Plan plan = eightTagPlan(6, 32 * KiB, ++seed, sendWindow, 8);
+      v.apply(plan);
+      try {
+        runTransfer(*env.net, pair.conn, plan);
+      } catch (const TestFailure& e) {
+        throw TestFailure(strf("%s, send window %d: %s", v.name, sendWindow, e.what()));
+      }
+    }
+  }
+}
+
+TEST_CASE("grouped", "tag_subsets", Scope::PerVersion) {
+  // Receives list different subsets of 16 peers (n = 1..8), with uneven and zero sizes, in random orders.
+  LinkedPair pair(*env.net, env.dev);
+  auto subset = [](int, std::mt19937_64& rng) {
+    std::vector<int> peers(16);
+    for (int i = 0; i < 16; ++i) peers[i] = i * 3 + 1;  // tags are ranks; not necessarily dense
+    std::shuffle(peers.begin(), peers.end(), rng);
+    peers.resize(1 + rng() % kMaxRecvs);
+    return peers;
+  };
+  auto capacity = [](int, std::mt19937_64& rng) { return randomSize(rng, 256 * KiB); };
+  for (uint64_t seed : {61, 62, 63}) {
+    Plan plan = groupedPlan(40, subset, capacity, seed);
+    plan.sendWindow = 8;
+    plan.recvWindow = 8;
+    plan.optionalCompletion = true;  // n == 1 receives get the optional-completion preset
+    randomInterleave(plan, seed * 7);
+    runTransfer(*env.net, pair.conn, plan);
+  }
+}
+
+TEST_CASE("grouped", "window256", Scope::PerVersion) {
+  // A send comm must take 32 x 8 = 256 requests in flight when receives are grouped by 8.
+  LinkedPair pair(*env.net, env.dev);
+  Plan plan = eightTagPlan(128, 4 * KiB, 71, NCCL_NET_MAX_REQUESTS, NCCL_NET_MAX_REQUESTS);
+  runTransfer(*env.net, pair.conn, plan);
+  tagMajor(plan, {7, 6, 5, 4, 3, 2, 1, 0});
+  runTransfer(*env.net, pair.conn, plan);
+}
+
+TEST_CASE("grouped", "requests_in_flight", Scope::PerVersion) {
+  // 32 grouped irecvs of 8 posted up front, then 256 isends, none tested until all were accepted.
+  NetApi& net = *env.net;
+  constexpr int kGroups = NCCL_NET_MAX_REQUESTS;
+  constexpr size_t kSize = 2 * KiB;
+  constexpr size_t kSends = kGroups * kMaxRecvs;
+  HostBuffer sendBuffer(kSends * kSize), recvBuffer(kSends * kSize);  // outlive the comms on failure
+  LinkedPair pair(net, env.dev);
+  Registration sendReg(net, pair.conn.send.get(), sendBuffer.data(), sendBuffer.size());
+  Registration recvReg(net, pair.conn.recv.get(), recvBuffer.data(), recvBuffer.size());
+  // Accepting a request needs nothing from the peer: no reason to wait long.
+  const Deadline deadline(std::chrono::seconds(5));
+  auto slot = [&](HostBuffer& b, size_t g, int t) { return b.data() + (g * kMaxRecvs + t) * kSize; };
+  std::vector<void*> recvs, sends;
+  for (size_t g = 0; g < kGroups; ++g) {
+    void* data[kMaxRecvs];
+    size_t sizes[kMaxRecvs];
+    int tags[kMaxRecvs];
+    void* mhandles[kMaxRecvs];
+    for (int t = 0; t < kMaxRecvs; ++t) {
+      data[t] = slot(recvBuffer, g, t);
+      sizes[t] = kSize;
+      tags[t] = t;
+      mhandles[t] = recvReg.handle();
+    }
+    recvs.push_back(postRecv(net, pair.conn.recv.get(), kMaxRecvs, data, sizes, tags, mhandles, deadline));
+  }
+  // Receive by receive, so a plugin that (like NCCL's IB transport) only matches the oldest open receive can
+  // also take all 256; tag-major orders are covered by the interleaving tests, which retry like NCCL.
+  for (size_t g = 0; g < kGroups; ++g) {
+    for (int t = 0; t < kMaxRecvs; ++t) {
+      fillPattern(slot(sendBuffer, g, t), kSize, 1000 + g * kMaxRecvs + t);
+      sends.push_back(
+          postSend(net, pair.conn.send.get(), slot(sendBuffer, g, t), kSize, t, sendReg.handle(), deadline));
+    }
+  }
+  for (void* request : sends) REQUIRE_OK(waitRequest(net, request, nullptr, deadline));
+  for (size_t g = 0; g < kGroups; ++g) {
+    int sizes[kMaxRecvs];
+    REQUIRE_OK(waitRequest(net, recvs[g], sizes, deadline));
+    for (int t = 0; t < kMaxRecvs; ++t) {
+      REQUIRE(sizes[t] == static_cast<int>(kSize), strf("receive %zu tag %d reported %d bytes", g, t, sizes[t]));
+      REQUIRE(findMismatch(slot(recvBuffer, g, t), kSize, 1000 + g * kMaxRecvs + t) == SIZE_MAX,
+              strf("receive %zu tag %d holds the wrong bytes", g, t));
+    }
+  }
+}
+
+TEST_CASE("grouped", "large_buffers", Scope::PerVersion) {
+  // Buffers big enough to be split across data streams, with short sends and a random order.
+  LinkedPair pair(*env.net, env.dev);
+  Plan plan = eightTagPlan(3, 2 * MiB, 81, 8, 2);
+  randomInterleave(plan, 82);
+  runTransfer(*env.net, pair.conn, plan);
+}
+
+}  // namespace conformance

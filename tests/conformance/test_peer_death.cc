@@ -1,0 +1,123 @@
+// A peer process dies (SIGKILL) mid-transfer: the surviving side's requests must fail within 2 s, with a WARN
+// naming the peer (group "failure").
+#include <functional>
+#include <optional>
+
+#include "child.h"
+#include "comms.h"
+#include "harness.h"
+#include "log_capture.h"
+#include "transfer.h"
+
+namespace conformance {
+namespace {
+
+constexpr size_t kMessage = 16 << 20;  // large enough that a kill lands mid-message
+constexpr auto kDetectLimit = std::chrono::milliseconds(2000);
+constexpr auto kGiveUp = std::chrono::seconds(10);
+
+using Clock = std::chrono::steady_clock;
+// Posts one request; ncclSuccess with *request == NULL means "not yet".
+using PostFn = std::function<ncclResult_t(void** request)>;
+
+// Posts with retries until there is a request (or an error).
+ncclResult_t postWithRetry(const PostFn& post, void** request, const Deadline& deadline) {
+  *request = nullptr;
+  for (Backoff backoff;; backoff.idle()) {
+    deadline.check("a request to be posted");
+    const ncclResult_t rc = post(request);
+    if (rc != ncclSuccess || *request) return rc;
+  }
+}
+
+// Moves `count` complete messages to prove the connection works before the kill.
+void warmUp(NetApi& net, const PostFn& post, int count) {
+  const Deadline deadline;
+  for (int i = 0; i < count; ++i) {
+    void* request = nullptr;
+    REQUIRE_OK(postWithRetry(post, &request, deadline));
+    int sizes[8] = {};
+    REQUIRE_OK(waitRequest(net, request, sizes, deadline));
+  }
+}
+
+// With `pending` in flight, kills the child, then keeps testing (and re-posting once a request completes)
+// until the plugin reports an error. Returns how long that took, or nothing within kGiveUp.
+std::optional<Clock::duration> timeToError(NetApi& net, const PostFn& post, void* pending, ChildProcess& child) {
+  const Clock::time_point killedAt = Clock::now();
+  child.kill();
+  void* request = pending;
+  for (Backoff backoff; Clock::now() - killedAt < kGiveUp; backoff.idle()) {
+    ncclResult_t rc;
+    if (!request) {
+      rc = post(&request);
+    } else {
+      int done = 0;
+      int sizes[8] = {};
+      rc = net.test(request, &done, sizes);
+      if (rc == ncclSuccess && done) request = nullptr;  // completed before the kill took effect: go again
+    }
+    if (rc != ncclSuccess) return Clock::now() - killedAt;
+  }
+  return std::nullopt;
+}
+
+void requirePromptFailure(const std::optional<Clock::duration>& took, uint64_t mark, const char* side) {
+  REQUIRE(took.has_value(), strf("the %s never failed within 10 s of the peer's SIGKILL", side));
+  const long long ms = std::chrono::duration_cast<std::chrono::milliseconds>(*took).count();
+  REQUIRE(*took <= kDetectLimit,
+          strf("the %s failed %lld ms after the peer's SIGKILL; the limit is 2000 ms", side, ms));
+  REQUIRE(waitForWarning(mark, {"127.0.0.1"}, std::chrono::milliseconds(500)),
+          strf("the %s failed but no WARN names the peer 127.0.0.1", side));
+}
+
+}  // namespace
+
+TEST_CASE("failure", "killed_sender", Scope::PerVersion) {
+  NetApi& net = *env.net;
+  HostBuffer buffer(kMessage);  // outlives the comm
+  NetContext ctx(net, nextCommId());
+  ConnHandle handle;
+  Comm listener = listenOn(net, ctx.get(), env.dev, &handle);
+  ChildProcess child(childSenderArgs(toHex(handle.bytes, sizeof(handle.bytes)), env.version, env.dev, kMessage));
+  Comm recv = acceptLoop(net, listener.get(), Deadline());
+  REQUIRE_OK(listener.close());
+  Registration reg(net, recv.get(), buffer.data(), kMessage);
+  const PostFn post = [&](void** request) {
+    void* data = buffer.data();
+    size_t size = kMessage;
+    int tag = 0;
+    void* mhandle = reg.handle();
+    return net.irecv(recv.get(), 1, &data, &size, &tag, &mhandle, request);
+  };
+  warmUp(net, post, 2);
+  void* pending = nullptr;
+  REQUIRE_OK(postWithRetry(post, &pending, Deadline()));
+  const uint64_t mark = logMark();
+  requirePromptFailure(timeToError(net, post, pending, child), mark, "receiver's irecv");
+  // Teardown as NCCL's abort does it: deregMr, then close, on the broken comm.
+}
+
+TEST_CASE("failure", "killed_receiver", Scope::PerVersion) {
+  NetApi& net = *env.net;
+  HostBuffer buffer(kMessage);  // outlives the comm
+  fillPattern(buffer.data(), kMessage, 3);
+  NetContext ctx(net, nextCommId());
+  ChildProcess child(childReceiverArgs(env.version, env.dev, kMessage));
+  const std::string line = child.readLine(Deadline());
+  ConnHandle handle;
+  REQUIRE(line.rfind("HANDLE ", 0) == 0 && fromHex(line.substr(7), handle.bytes, sizeof(handle.bytes)),
+          "the child receiver printed no handle: " + line);
+  Comm send = connectLoop(net, ctx.get(), env.dev, handle, Deadline());
+  Registration reg(net, send.get(), buffer.data(), kMessage);
+  const PostFn post = [&](void** request) {
+    return net.isend(send.get(), buffer.data(), kMessage, 0, reg.handle(), request);
+  };
+  warmUp(net, post, 2);
+  void* pending = nullptr;
+  REQUIRE_OK(postWithRetry(post, &pending, Deadline()));
+  const uint64_t mark = logMark();
+  requirePromptFailure(timeToError(net, post, pending, child), mark, "sender's isend");
+}
+
+}  // namespace conformance

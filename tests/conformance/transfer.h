@@ -1,0 +1,68 @@
+// Moving and verifying data the way NCCL's proxy progress threads do: a sender that keeps up to a window of
+// isends in flight and retries NULL requests (progressing each tag independently, as NCCL does per peer),
+// and a receiver that posts (grouped) irecvs in order and checks every byte, size and untouched byte.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <random>
+#include <vector>
+
+#include "comms.h"
+
+namespace conformance {
+
+// Deterministic bytes for a message: byte j depends only on (seed, j), so a receiver can check any range.
+void fillPattern(uint8_t* data, size_t size, uint64_t seed);
+// Offset of the first byte that differs from the pattern, or SIZE_MAX.
+size_t findMismatch(const uint8_t* data, size_t size, uint64_t seed);
+
+struct SendSpec {
+  int tag;
+  size_t size;
+};
+
+struct RecvSpec {
+  int tag;
+  size_t capacity;  // the posted size; the matching send may be smaller
+};
+
+using RecvGroup = std::vector<RecvSpec>;  // one irecv of n = size() buffers
+
+struct Plan {
+  // Posting preference order. Per tag, order decides matching (k-th send of tag t fills tag t's buffer of the
+  // k-th receive listing t); across tags the sender falls back to another tag when one returns NULL.
+  std::vector<SendSpec> sends;
+  std::vector<RecvGroup> recvs;  // posted in this order
+  int sendWindow = 1;            // isend requests in flight per tag (NCCL: per peer) on the send comm
+  int recvWindow = 1;            // irecv requests in flight on the recv comm
+  // Preset *request = NCCL_NET_OPTIONAL_RECV_COMPLETION on every other n==1 irecv, as NCCL does for LL/LL128.
+  bool optionalCompletion = false;
+  uint64_t seed = 1;
+};
+
+// A plan of `count` single-buffer messages of tag 0.
+Plan simplePlan(const std::vector<size_t>& sizes, int window, uint64_t seed);
+
+// Runs the plan over `conn` (sender and receiver on two threads), registering one send and one recv buffer
+// once each. Throws TestFailure on any error, mismatch, or timeout.
+// `beforeClose` runs on failure before the comms are closed (to stop other users of the comms first).
+void runTransfer(NetApi& net, Connection& conn, const Plan& plan, const std::function<void()>& beforeClose = {});
+
+// Random sizes in [0, maxSize] skewed toward small values (and some exact zero) for mixed traffic.
+size_t randomSize(std::mt19937_64& rng, size_t maxSize);
+
+// isend / irecv retried while the plugin answers "not yet" (*request == NULL), as NCCL's proxy does; any
+// non-success result fails the test. Returns the request.
+void* postSend(NetApi& net, void* comm, void* data, size_t size, int tag, void* mhandle, const Deadline& deadline);
+void* postRecv(NetApi& net, void* comm, int n, void** data, size_t* sizes, int* tags, void** mhandles,
+               const Deadline& deadline);
+// The single-buffer form (tag 0).
+void* postRecv(NetApi& net, void* comm, void* data, size_t size, void* mhandle, const Deadline& deadline);
+
+// Drives one request to completion (done=1) within `deadline`; returns the test() result that ended it
+// (a non-success result ends it too). sizes may be nullptr.
+ncclResult_t waitRequest(NetApi& net, void* request, int* sizes, const Deadline& deadline);
+
+}  // namespace conformance
