@@ -17,17 +17,12 @@ constexpr auto kStallWarning = std::chrono::seconds(10);
 ncclResult_t SendRequest::test(int* done, int* sizes) noexcept { return comm_->testRequest(this, done, sizes); }
 
 TcpSendComm::TcpSendComm(Fd control, std::vector<Fd> data, const SocketAddress& peer)
-    : link_(std::move(control), std::move(data), peer, "send") {
+    : link_(std::move(control), std::move(data), peer, "send"),
+      requests_(kSendRequests, [this](SendRequest& request) { request.comm_ = this; }) {
   const Settings& config = settings();
   inlineBytes_ = static_cast<uint64_t>(std::max<int64_t>(config.tcpInlineBytes, 0));
   directBytes_ = static_cast<uint64_t>(std::max<int64_t>(config.tcpDirectBytes, 0));
   minChunkBytes_ = static_cast<uint64_t>(std::max<int64_t>(config.tcpMinChunkBytes, 4096));
-  requests_.reserve(kSendRequests);
-  for (size_t i = 0; i < kSendRequests; ++i) {
-    requests_.push_back(std::make_unique<SendRequest>());
-    requests_.back()->comm_ = this;
-    freeRequests_.push_back(requests_.back().get());
-  }
   link_.start(this);
 }
 
@@ -58,33 +53,14 @@ void TcpSendComm::pumpControl() {
 }
 
 bool TcpSendComm::parseClearToSends() {
-  while (link_.controlSize() >= sizeof(FrameHeader)) {
-    FrameHeader frame;
-    memcpy(&frame, link_.controlData(), sizeof(frame));
-    if (frame.type != static_cast<uint8_t>(FrameType::kClearToSend) || frame.slot < 1 || frame.slot > kMaxRecvs) {
-      link_.recordFailure("protocol error: unexpected control frame type " + std::to_string(frame.type));
-      return false;
-    }
-    size_t total = sizeof(FrameHeader) + frame.slot * sizeof(ClearToSendEntry);
-    if (link_.controlSize() < total) break;
-    PostedReceive receive{};
-    receive.recvId = frame.recvId;
-    receive.count = frame.slot;
-    memcpy(receive.entries, link_.controlData() + sizeof(FrameHeader), total - sizeof(FrameHeader));
-    posted_.push_back(receive);
-    link_.consumeControl(total);
+  std::string why;
+  long used = posted_.parse(link_.controlData(), link_.controlSize(), &why);
+  if (used < 0) {
+    link_.recordFailure(why);
+    return false;
   }
+  link_.consumeControl(static_cast<size_t>(used));
   return true;
-}
-
-TcpSendComm::Match TcpSendComm::findReceive(int tag) {
-  // The k-th send with tag t takes tag t's buffer in the k-th posted receive that lists t.
-  for (PostedReceive& receive : posted_) {
-    for (int i = 0; i < receive.count; ++i) {
-      if ((receive.usedMask & (1u << i)) == 0 && receive.entries[i].tag == tag) return {&receive, i};
-    }
-  }
-  return {nullptr, -1};
 }
 
 void TcpSendComm::warnIfStalled(int tag) {
@@ -95,14 +71,8 @@ void TcpSendComm::warnIfStalled(int tag) {
   }
   if (stallWarned_ || now - stalledSince_ < kStallWarning || posted_.empty()) return;
   // Receives are posted but none for this tag: a tag mismatch would otherwise wait forever without a word.
-  std::string tags;
-  for (const PostedReceive& receive : posted_) {
-    for (int i = 0; i < receive.count; ++i) {
-      if ((receive.usedMask & (1u << i)) == 0) tags += " " + std::to_string(receive.entries[i].tag);
-    }
-  }
-  RN_WARN("NET/railnet: send with tag %d to %s has waited %lds for a matching receive; open receive tags:%s", tag,
-          link_.peerName().c_str(), static_cast<long>(kStallWarning.count()), tags.c_str());
+  RN_WARN("NET/railnet: send with tag %d to %s has waited %lds for a matching receive; open receive tags: %s", tag,
+          link_.peerName().c_str(), static_cast<long>(kStallWarning.count()), posted_.openTags().c_str());
   stallWarned_ = true;
 }
 
@@ -110,25 +80,22 @@ ncclResult_t TcpSendComm::isend(void* data, size_t size, int tag, MemoryRegion*,
   *request = nullptr;
   std::lock_guard<std::mutex> lock(mutex_);
   if (link_.failed() || !link_.flushControl()) return link_.reportFailure();
-  Match found = findReceive(tag);
-  if (found.receive == nullptr) {
+  std::optional<ClearToSendQueue::Destination> found = posted_.claim(tag);
+  if (!found) {
     // Only read the socket when what we already hold does not match: one recv() at most per call.
     pumpControl();
     if (link_.failed()) return link_.reportFailure();
-    found = findReceive(tag);
+    found = posted_.claim(tag);
   }
-  if (found.receive == nullptr) {
+  if (!found) {
     warnIfStalled(tag);
     return ncclSuccess;
   }
-  PostedReceive* match = found.receive;
-  int slot = found.slot;
   stalledSince_ = {};
   stallWarned_ = false;
-  match->usedMask = static_cast<uint8_t>(match->usedMask | (1u << slot));
-  uint32_t recvId = match->recvId;
-  uint64_t capacity = match->entries[slot].capacity;
-  while (!posted_.empty() && posted_.front().usedMask == (1u << posted_.front().count) - 1) posted_.pop_front();
+  const uint32_t recvId = found->recvId;
+  const int slot = found->slot;
+  const uint64_t capacity = found->capacity;
 
   if (size > capacity) {
     // Tell the receiver too, so both sides fail this message and nothing waits for it.
@@ -138,12 +105,11 @@ ncclResult_t TcpSendComm::isend(void* data, size_t size, int tag, MemoryRegion*,
             tag, link_.peerName().c_str(), static_cast<unsigned long>(capacity));
     return ncclInvalidUsage;
   }
-  if (freeRequests_.empty()) {
+  SendRequest* sendRequest = requests_.acquire();
+  if (sendRequest == nullptr) {
     RN_WARN("NET/railnet: more than %zu sends in flight to %s", kSendRequests, link_.peerName().c_str());
     return ncclInternalError;
   }
-  SendRequest* sendRequest = freeRequests_.back();
-  freeRequests_.pop_back();
   sendRequest->size_ = size;
 
   if (size <= inlineBytes_) {
@@ -191,7 +157,7 @@ ncclResult_t TcpSendComm::testRequest(SendRequest* request, int* done, int* size
     *done = 1;
     if (sizes != nullptr) *sizes = static_cast<int>(request->size_);
     std::lock_guard<std::mutex> lock(mutex_);
-    freeRequests_.push_back(request);
+    requests_.release(request);
     return ncclSuccess;
   }
   // No socket reads here: chunks are written by helper threads, which notice a vanished receiver, and

@@ -5,9 +5,10 @@
 #pragma once
 
 #include <chrono>
-#include <deque>
 
+#include "proxy/tcp/clear_to_send.h"
 #include "proxy/tcp/connection.h"
+#include "proxy/tcp/request_pool.h"
 
 namespace railnet::tcp {
 
@@ -35,21 +36,7 @@ class TcpSendComm final : public SendComm, private StreamOwner {
 
  private:
   friend class SendRequest;
-  // A receive the peer posted, as its clear-to-send described it.
-  struct PostedReceive {
-    uint32_t recvId;
-    int count;
-    ClearToSendEntry entries[kMaxRecvs];
-    uint8_t usedMask;
-  };
-
-  struct Match {
-    PostedReceive* receive;
-    int slot;
-  };
-
   ncclResult_t testRequest(SendRequest* request, int* done, int* sizes) noexcept;
-  Match findReceive(int tag);
   // Turns buffered control bytes into posted receives; false on a protocol error (recorded).
   bool parseClearToSends();
   // Reads clear-to-send frames and flushes queued control bytes. Caller holds mutex_.
@@ -67,9 +54,8 @@ class TcpSendComm final : public SendComm, private StreamOwner {
   uint64_t minChunkBytes_;
 
   std::mutex mutex_;
-  std::deque<PostedReceive> posted_;  // guarded by mutex_
-  std::vector<std::unique_ptr<SendRequest>> requests_;
-  std::vector<SendRequest*> freeRequests_;  // guarded by mutex_
+  ClearToSendQueue posted_;  // guarded by mutex_
+  RequestPool<SendRequest> requests_;  // guarded by mutex_
   uint32_t nextStream_ = 0;
   std::chrono::steady_clock::time_point stalledSince_{};
   bool stallWarned_ = false;

@@ -1,0 +1,41 @@
+// The sender's view of the receives its peer has posted, built from clear-to-send frames, and NCCL's matching
+// rule over them: the k-th send with tag t takes tag t's buffer in the k-th posted receive that lists t.
+// Pure logic (no sockets, no locks): the send comm feeds it bytes and asks it for destinations.
+#pragma once
+
+#include <deque>
+#include <optional>
+#include <string>
+
+#include "proxy/tcp/wire.h"
+
+namespace railnet::tcp {
+
+class ClearToSendQueue {
+ public:
+  struct Destination {
+    uint32_t recvId;
+    int slot;
+    uint64_t capacity;
+  };
+
+  // Takes as many whole clear-to-send frames from `data` as it holds; returns the bytes used, or -1 with
+  // *why set when the bytes are not a clear-to-send frame.
+  long parse(const char* data, size_t size, std::string* why);
+  // The buffer the next send with `tag` goes to, now claimed; nothing when no posted receive has one.
+  std::optional<Destination> claim(int tag);
+  bool empty() const { return posted_.empty(); }
+  // The tags of buffers still open, for a stalled sender's warning.
+  std::string openTags() const;
+
+ private:
+  struct PostedReceive {
+    uint32_t recvId;
+    int count;
+    ClearToSendEntry entries[kMaxRecvs];
+    uint8_t usedMask;
+  };
+  std::deque<PostedReceive> posted_;
+};
+
+}  // namespace railnet::tcp

@@ -1,0 +1,113 @@
+#include <catch2/catch.hpp>
+
+#include <cstring>
+#include <vector>
+
+#include "proxy/tcp/clear_to_send.h"
+
+using railnet::tcp::ClearToSendEntry;
+using railnet::tcp::ClearToSendQueue;
+using railnet::tcp::FrameHeader;
+using railnet::tcp::FrameType;
+
+namespace {
+// Appends one clear-to-send frame as a receiver would write it.
+void appendFrame(std::vector<char>* bytes, uint32_t recvId, std::vector<std::pair<int, uint64_t>> buffers) {
+  FrameHeader header{static_cast<uint8_t>(FrameType::kClearToSend), static_cast<uint8_t>(buffers.size()), 0, recvId, 0};
+  const char* raw = reinterpret_cast<const char*>(&header);
+  bytes->insert(bytes->end(), raw, raw + sizeof(header));
+  for (auto [tag, capacity] : buffers) {
+    ClearToSendEntry entry{tag, 0, capacity};
+    raw = reinterpret_cast<const char*>(&entry);
+    bytes->insert(bytes->end(), raw, raw + sizeof(entry));
+  }
+}
+
+void feed(ClearToSendQueue* queue, const std::vector<char>& bytes) {
+  std::string why;
+  REQUIRE(queue->parse(bytes.data(), bytes.size(), &why) == static_cast<long>(bytes.size()));
+}
+}  // namespace
+
+TEST_CASE("single receives match in posting order", "[matching]") {
+  ClearToSendQueue queue;
+  std::vector<char> bytes;
+  appendFrame(&bytes, 0, {{3, 100}});
+  appendFrame(&bytes, 1, {{3, 200}});
+  feed(&queue, bytes);
+  auto first = queue.claim(3);
+  auto second = queue.claim(3);
+  REQUIRE(first);
+  REQUIRE(second);
+  CHECK(first->recvId == 0);
+  CHECK(first->capacity == 100);
+  CHECK(second->recvId == 1);
+  CHECK(second->capacity == 200);
+  CHECK_FALSE(queue.claim(3));
+  CHECK(queue.empty());
+}
+
+TEST_CASE("the k-th send of a tag takes that tag's buffer in the k-th receive listing it", "[matching]") {
+  ClearToSendQueue queue;
+  std::vector<char> bytes;
+  appendFrame(&bytes, 7, {{1, 10}, {2, 20}, {3, 30}});
+  appendFrame(&bytes, 8, {{2, 21}, {3, 31}});
+  appendFrame(&bytes, 9, {{1, 12}});
+  feed(&queue, bytes);
+  // Tag 3 twice before anyone else: receive 7 then receive 8.
+  auto a = queue.claim(3);
+  auto b = queue.claim(3);
+  REQUIRE((a && b));
+  CHECK((a->recvId == 7 && a->slot == 2));
+  CHECK((b->recvId == 8 && b->slot == 1));
+  // Tag 1: receive 7 then receive 9, skipping 8 which does not list it.
+  auto c = queue.claim(1);
+  auto d = queue.claim(1);
+  REQUIRE((c && d));
+  CHECK((c->recvId == 7 && c->slot == 0));
+  CHECK((d->recvId == 9 && d->slot == 0));
+  CHECK(queue.openTags() == "2 2");
+  CHECK_FALSE(queue.claim(4));
+}
+
+TEST_CASE("a tag never takes another tag's buffer", "[matching]") {
+  ClearToSendQueue queue;
+  std::vector<char> bytes;
+  appendFrame(&bytes, 0, {{5, 64}});
+  feed(&queue, bytes);
+  CHECK_FALSE(queue.claim(6));
+  CHECK(queue.openTags() == "5");
+  CHECK(queue.claim(5));
+}
+
+TEST_CASE("partial frames wait for the rest of their bytes", "[framing]") {
+  ClearToSendQueue queue;
+  std::vector<char> bytes;
+  appendFrame(&bytes, 4, {{1, 1}, {2, 2}});
+  std::string why;
+  for (size_t cut : {size_t{0}, size_t{5}, sizeof(FrameHeader), bytes.size() - 1}) {
+    INFO(cut);
+    CHECK(queue.parse(bytes.data(), cut, &why) == 0);
+  }
+  CHECK(queue.empty());
+  CHECK(queue.parse(bytes.data(), bytes.size(), &why) == static_cast<long>(bytes.size()));
+  CHECK_FALSE(queue.empty());
+}
+
+TEST_CASE("bytes that are not a clear-to-send frame are a protocol error", "[framing]") {
+  ClearToSendQueue queue;
+  std::string why;
+  SECTION("wrong type") {
+    FrameHeader inline_{static_cast<uint8_t>(FrameType::kInline), 0, 0, 0, 8};
+    CHECK(queue.parse(reinterpret_cast<const char*>(&inline_), sizeof(inline_), &why) == -1);
+  }
+  SECTION("too many buffers") {
+    FrameHeader many{static_cast<uint8_t>(FrameType::kClearToSend), 9, 0, 0, 0};
+    CHECK(queue.parse(reinterpret_cast<const char*>(&many), sizeof(many), &why) == -1);
+  }
+  SECTION("no buffers") {
+    FrameHeader none{static_cast<uint8_t>(FrameType::kClearToSend), 0, 0, 0, 0};
+    CHECK(queue.parse(reinterpret_cast<const char*>(&none), sizeof(none), &why) == -1);
+  }
+  CHECK(why.find("protocol error") != std::string::npos);
+}
