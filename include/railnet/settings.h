@@ -18,11 +18,11 @@
     "Data streams (TCP connections) per railnet connection; large messages are split across them. 1..64.")        \
   X(Int, tcpThreads, "RAILNET_TCP_THREADS", 0,                                                                    \
     "Helper threads in the process-wide pool that moves data-stream bytes; 0 picks min(streams, cores, 16).")     \
-  X(Int, tcpInlineBytes, "RAILNET_TCP_INLINE_BYTES", 65536,                                                       \
+  X(Int, tcpInlineBytes, "RAILNET_TCP_INLINE_BYTES", 16384,                                                       \
     "Messages up to this size travel inline on the control connection, sent by the calling thread.")              \
   X(Int, tcpDirectBytes, "RAILNET_TCP_DIRECT_BYTES", 262144,                                                      \
-    "Messages above the inline size and up to this size are written on idle data streams by the calling "        \
-    "thread instead of being handed to a helper thread; 0 always hands them over.")                               \
+    "Messages above the inline size and up to this size are written by the calling thread when the connection " \
+    "has nothing else in flight, instead of being handed to a helper thread; 0 always hands them over.")          \
   X(Int, tcpMinChunkBytes, "RAILNET_TCP_MIN_CHUNK_BYTES", 65536,                                                  \
     "Smallest piece a large message is split into across data streams (rounded to 4 KiB).")                       \
   X(Int, tcpSpinUs, "RAILNET_TCP_SPIN_US", -1,                                                                    \

@@ -90,6 +90,7 @@ bool Stream::trySendDirect(const SendOp& op) {
     return true;  // the comm is failed now; the request reports it
   }
   if (static_cast<uint64_t>(sent) == sizeof(ChunkHeader) + op.header.length) {
+    op.inFlight->fetch_sub(1, std::memory_order_relaxed);
     op.pending->fetch_sub(1, std::memory_order_release);
     return true;
   }
@@ -153,6 +154,7 @@ uint64_t Stream::progressSend() {
       left -= take;
       if (sentOfFront_ < total) break;
       queuedBytes_.fetch_sub(front.header.length, std::memory_order_relaxed);
+      front.inFlight->fetch_sub(1, std::memory_order_relaxed);
       front.pending->fetch_sub(1, std::memory_order_release);
       sending_.pop_front();
       sentOfFront_ = 0;

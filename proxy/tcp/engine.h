@@ -34,7 +34,8 @@ class StreamOwner {
 struct SendOp {
   ChunkHeader header;
   const char* data;
-  std::atomic<int>* pending;  // decremented once the whole chunk is in the kernel
+  std::atomic<int>* pending;   // the request's chunks left; decremented once this chunk is in the kernel
+  std::atomic<int>* inFlight;  // the connection's chunks left; decremented likewise
 };
 
 class Stream {
