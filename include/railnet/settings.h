@@ -18,16 +18,13 @@
     "Data streams (TCP connections) per railnet connection; large messages are split across them. 1..64.")        \
   X(Int, tcpThreads, "RAILNET_TCP_THREADS", 0,                                                                    \
     "Helper threads in the process-wide pool that moves data-stream bytes; 0 picks min(streams, cores, 16).")     \
-  X(Int, tcpInlineBytes, "RAILNET_TCP_INLINE_BYTES", 16384,                                                       \
+  X(Int, tcpInlineBytes, "RAILNET_TCP_INLINE_BYTES", 65536,                                                       \
     "Messages up to this size travel inline on the control connection, sent by the calling thread.")              \
-  X(Int, tcpDirectBytes, "RAILNET_TCP_DIRECT_BYTES", 262144,                                                      \
-    "Messages above the inline size and up to this size are written by the calling thread when the connection " \
-    "has nothing else in flight, instead of being handed to a helper thread; 0 always hands them over.")          \
   X(Int, tcpMinChunkBytes, "RAILNET_TCP_MIN_CHUNK_BYTES", 65536,                                                  \
     "Smallest piece a large message is split into across data streams (rounded to 4 KiB).")                       \
-  X(Int, tcpSpinUs, "RAILNET_TCP_SPIN_US", -1,                                                                    \
-    "How long a helper thread busy-polls its sockets before it sleeps in epoll_wait; -1 picks 50 us on machines " \
-    "with 8 or more cores and 0 (no spinning) on smaller ones, where spinning starves the threads doing work.")   \
+  X(Int, tcpSpinUs, "RAILNET_TCP_SPIN_US", 0,                                                                     \
+    "How long a helper thread busy-polls its sockets before it sleeps in epoll_wait. 0 (sleep at once) moved "   \
+    "as many bytes for a third less CPU in the measurements (docs/performance.md).")                              \
   X(Int, tcpSocketBufferBytes, "RAILNET_TCP_SOCKET_BUFFER_BYTES", 0,                                              \
     "SO_SNDBUF/SO_RCVBUF for data streams; 0 keeps the kernel's auto-tuning.")                                    \
   X(Int, tcpNotSentLowat, "RAILNET_TCP_NOTSENT_LOWAT", 0,                                                         \

@@ -75,33 +75,6 @@ void Stream::failWith(const char* why, bool endOfStream) {
   if (!dead_.exchange(true)) owner_->streamFailed(index_, why, endOfStream);
 }
 
-bool Stream::trySendDirect(const SendOp& op) {
-  std::unique_lock<std::mutex> writer(writeMutex_, std::try_to_lock);
-  if (!writer.owns_lock() || dead_.load(std::memory_order_relaxed) || !sending_.empty()) return false;
-  {
-    std::lock_guard<std::mutex> lock(queueMutex_);
-    if (!queue_.empty()) return false;
-  }
-  auto* header = reinterpret_cast<char*>(const_cast<ChunkHeader*>(&op.header));
-  iovec iov[2] = {{header, sizeof(ChunkHeader)}, {const_cast<char*>(op.data), op.header.length}};
-  ssize_t sent = writeVector(fd_.get(), iov, op.header.length > 0 ? 2 : 1);
-  if (sent < 0) {
-    failWith(errnoText(static_cast<int>(-sent)).c_str(), false);
-    return true;  // the comm is failed now; the request reports it
-  }
-  if (static_cast<uint64_t>(sent) == sizeof(ChunkHeader) + op.header.length) {
-    op.inFlight->fetch_sub(1, std::memory_order_relaxed);
-    op.pending->fetch_sub(1, std::memory_order_release);
-    return true;
-  }
-  sending_.push_back(op);
-  sentOfFront_ = static_cast<uint64_t>(sent);
-  queuedBytes_.fetch_add(op.header.length, std::memory_order_relaxed);
-  writer.unlock();
-  worker_->notify();
-  return true;
-}
-
 uint64_t Stream::progress() {
   if (dead_.load(std::memory_order_relaxed)) return 0;
   uint64_t moved = progressReceive();
@@ -111,8 +84,6 @@ uint64_t Stream::progress() {
 
 uint64_t Stream::progressSend() {
   uint64_t moved = 0;
-  std::unique_lock<std::mutex> writer(writeMutex_, std::try_to_lock);
-  if (!writer.owns_lock()) return 0;  // a caller is writing directly; its leftovers come back to us
   while (writable_) {
     if (sending_.empty()) {
       std::lock_guard<std::mutex> lock(queueMutex_);
@@ -154,7 +125,6 @@ uint64_t Stream::progressSend() {
       left -= take;
       if (sentOfFront_ < total) break;
       queuedBytes_.fetch_sub(front.header.length, std::memory_order_relaxed);
-      front.inFlight->fetch_sub(1, std::memory_order_relaxed);
       front.pending->fetch_sub(1, std::memory_order_release);
       sending_.pop_front();
       sentOfFront_ = 0;
@@ -367,9 +337,7 @@ Engine::Engine() {
     threads = std::min<int>({static_cast<int>(std::max<int64_t>(config.tcpStreams, 1)), std::max(cores, 1), 16});
   }
   threads = std::clamp(threads, 1, 64);
-  int spinUs = config.tcpSpinUs >= 0 ? static_cast<int>(std::min<int64_t>(config.tcpSpinUs, 1000000))
-               : cores >= 8          ? 50
-                                     : 0;
+  int spinUs = static_cast<int>(std::clamp<int64_t>(config.tcpSpinUs, 0, 1000000));
   for (int i = 0; i < threads; ++i) workers_.push_back(std::make_unique<Worker>(i, spinUs));
   RN_INFO(NCCL_INIT | NCCL_NET, "NET/railnet: started %d TCP helper threads (spin %d us)", threads, spinUs);
 }

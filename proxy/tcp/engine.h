@@ -34,8 +34,7 @@ class StreamOwner {
 struct SendOp {
   ChunkHeader header;
   const char* data;
-  std::atomic<int>* pending;   // the request's chunks left; decremented once this chunk is in the kernel
-  std::atomic<int>* inFlight;  // the connection's chunks left; decremented likewise
+  std::atomic<int>* pending;  // the request's chunks left; decremented once this chunk is in the kernel
 };
 
 class Stream {
@@ -49,9 +48,6 @@ class Stream {
   uint64_t queuedBytes() const { return queuedBytes_.load(std::memory_order_relaxed); }
   // Sender side, any thread: queue a chunk and wake the worker.
   void enqueue(const SendOp& op);
-  // Sender side, any thread: if the stream is idle, write the chunk now from the calling thread (what the
-  // socket does not take is queued for the worker). False, doing nothing, when the stream is busy.
-  bool trySendDirect(const SendOp& op);
 
  private:
   friend class Worker;
@@ -71,12 +67,9 @@ class Stream {
   std::deque<SendOp> queue_;  // guarded by queueMutex_
   std::atomic<uint64_t> queuedBytes_{0};
 
-  // Whoever writes on the socket holds writeMutex_: the worker, or a caller in trySendDirect.
-  std::mutex writeMutex_;
-  std::deque<SendOp> sending_;  // guarded by writeMutex_
-  uint64_t sentOfFront_ = 0;    // guarded by writeMutex_
-
   // Worker-only state.
+  std::deque<SendOp> sending_;
+  uint64_t sentOfFront_ = 0;
   ChunkHeader incoming_{};
   uint64_t headerBytes_ = 0;
   char* destination_ = nullptr;

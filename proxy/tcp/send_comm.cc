@@ -21,7 +21,6 @@ TcpSendComm::TcpSendComm(Fd control, std::vector<Fd> data, const SocketAddress& 
       requests_(kSendRequests, [this](SendRequest& request) { request.comm_ = this; }) {
   const Settings& config = settings();
   inlineBytes_ = static_cast<uint64_t>(std::max<int64_t>(config.tcpInlineBytes, 0));
-  directBytes_ = static_cast<uint64_t>(std::max<int64_t>(config.tcpDirectBytes, 0));
   minChunkBytes_ = static_cast<uint64_t>(std::max<int64_t>(config.tcpMinChunkBytes, 4096));
   link_.start(this);
 }
@@ -129,10 +128,6 @@ void TcpSendComm::sendStreamed(SendRequest* request, const char* data, uint64_t 
   uint64_t chunk = chunkSizeFor(size, streams, minChunkBytes_);
   int chunks = static_cast<int>((size + chunk - 1) / chunk);
   request->pendingChunks_.store(chunks, std::memory_order_relaxed);
-  // Writing from the calling thread saves a hand-off, but only pays when the connection is idle (a lone,
-  // latency-bound message); with messages in flight the helpers copy in parallel and the caller must not.
-  bool direct = size <= directBytes_ && chunksInFlight_.load(std::memory_order_relaxed) == 0;
-  chunksInFlight_.fetch_add(chunks, std::memory_order_relaxed);
   for (int i = 0; i < chunks; ++i) {
     uint64_t offset = static_cast<uint64_t>(i) * chunk;
     // Least-queued stream first, starting from a rotating point: a slow stream gets less new work.
@@ -149,8 +144,7 @@ void TcpSendComm::sendStreamed(SendRequest* request, const char* data, uint64_t 
     op.header.length = std::min(chunk, size - offset);
     op.data = data + offset;
     op.pending = &request->pendingChunks_;
-    op.inFlight = &chunksInFlight_;
-    if (!direct || !link_.stream(best).trySendDirect(op)) link_.stream(best).enqueue(op);
+    link_.stream(best).enqueue(op);
   }
 }
 

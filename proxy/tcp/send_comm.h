@@ -50,14 +50,12 @@ class TcpSendComm final : public SendComm, private StreamOwner {
 
   Connection link_;
   uint64_t inlineBytes_;
-  uint64_t directBytes_;
   uint64_t minChunkBytes_;
 
   std::mutex mutex_;
   ClearToSendQueue posted_;  // guarded by mutex_
   RequestPool<SendRequest> requests_;  // guarded by mutex_
   uint32_t nextStream_ = 0;
-  std::atomic<int> chunksInFlight_{0};  // chunks queued or being written, over all streams
   std::chrono::steady_clock::time_point stalledSince_{};
   bool stallWarned_ = false;
 };

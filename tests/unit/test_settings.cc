@@ -22,7 +22,7 @@ TEST_CASE("settings take their defaults when the environment is empty", "[settin
   railnet::Settings defaults;
   CHECK(loaded.tcpStreams == defaults.tcpStreams);
   CHECK(loaded.ifname == defaults.ifname);
-  CHECK(loaded.tcpInlineBytes == 16384);
+  CHECK(loaded.tcpInlineBytes == 65536);
 }
 
 TEST_CASE("settings parse integers with size suffixes and strings verbatim", "[settings]") {
