@@ -37,20 +37,6 @@ void logToStderr(ncclDebugLogLevel level, unsigned long flags, const char* file,
   fprintf(stderr, "railnet-bench: plugin %s %s:%d %s\n", label, file ? file : "?", line, message);
 }
 
-const char* resultName(ncclResult_t result) {
-  switch (result) {
-    case ncclSuccess: return "ncclSuccess";
-    case ncclUnhandledCudaError: return "ncclUnhandledCudaError";
-    case ncclSystemError: return "ncclSystemError";
-    case ncclInternalError: return "ncclInternalError";
-    case ncclInvalidArgument: return "ncclInvalidArgument";
-    case ncclInvalidUsage: return "ncclInvalidUsage";
-    case ncclRemoteError: return "ncclRemoteError";
-    case ncclInProgress: return "ncclInProgress";
-    case ncclTimeout: return "ncclTimeout";
-  }
-  return "unknown result";
-}
 
 std::string executableDir() {
   char path[4096];
@@ -127,7 +113,7 @@ const char* NetPlugin::name() const noexcept {
 }
 
 void NetPlugin::check(ncclResult_t result, const char* call) {
-  if (result != ncclSuccess) fail("plugin %s returned %s (%d)", call, resultName(result), static_cast<int>(result));
+  if (result != ncclSuccess) fail("plugin %s returned %s (%d)", call, ncclResultName(result), static_cast<int>(result));
 }
 
 ncclResult_t NetPlugin::init(void** ctx, uint64_t commId) const {

@@ -258,20 +258,6 @@ std::string strf(const char* fmt, ...) {
   return out;
 }
 
-const char* resultName(ncclResult_t rc) {
-  switch (rc) {
-    case ncclSuccess: return "ncclSuccess";
-    case ncclUnhandledCudaError: return "ncclUnhandledCudaError";
-    case ncclSystemError: return "ncclSystemError";
-    case ncclInternalError: return "ncclInternalError";
-    case ncclInvalidArgument: return "ncclInvalidArgument";
-    case ncclInvalidUsage: return "ncclInvalidUsage";
-    case ncclRemoteError: return "ncclRemoteError";
-    case ncclInProgress: return "ncclInProgress";
-    case ncclTimeout: return "ncclTimeout";
-  }
-  return "(unknown ncclResult_t)";
-}
 
 void fail(const char* file, int line, const std::string& message) {
   const char* base = std::strrchr(file, '/');

@@ -38,7 +38,6 @@ int startupThreadCount();
 std::vector<std::string> threadNames();
 
 __attribute__((format(printf, 1, 2))) std::string strf(const char* fmt, ...);
-const char* resultName(ncclResult_t rc);
 
 // Thrown by REQUIRE and friends; the runner prints it as FAIL.
 class TestFailure : public std::runtime_error {
@@ -58,7 +57,7 @@ class TestFailure : public std::runtime_error {
   do {                                                                                                             \
     ncclResult_t rc_ = (call);                                                                                     \
     if (rc_ != ncclSuccess)                                                                                        \
-      ::conformance::fail(__FILE__, __LINE__, std::string(#call) + " returned " + ::conformance::resultName(rc_)); \
+      ::conformance::fail(__FILE__, __LINE__, std::string(#call) + " returned " + ncclResultName(rc_)); \
   } while (0)
 
 // Stops every wait loop of a test when time runs out or when a sibling thread already failed, so one

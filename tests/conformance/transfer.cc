@@ -198,7 +198,7 @@ class Sender {
     void* request = nullptr;
     const ncclResult_t rc = net_.isend(comm_, data, spec.size, spec.tag, mhandle_, &request);
     REQUIRE(rc == ncclSuccess,
-            strf("isend #%zu (tag %d, %zu bytes) returned %s", i, spec.tag, spec.size, resultName(rc)));
+            strf("isend #%zu (tag %d, %zu bytes) returned %s", i, spec.tag, spec.size, ncclResultName(rc)));
     if (!request) return false;
     inflight_.push_back({request, i});
     ++inflightPerTag_[spec.tag];
@@ -217,7 +217,7 @@ class Sender {
       const bool withSize = f.index % 5 != 4;  // sizes may be NULL
       const ncclResult_t rc = net_.test(f.request, &done, withSize ? &size : nullptr);
       REQUIRE(rc == ncclSuccess,
-              strf("test of isend #%zu (tag %d, %zu bytes) returned %s", f.index, spec.tag, spec.size, resultName(rc)));
+              strf("test of isend #%zu (tag %d, %zu bytes) returned %s", f.index, spec.tag, spec.size, ncclResultName(rc)));
       if (!done) {
         ++k;
         continue;
@@ -303,7 +303,7 @@ class Receiver {
       const bool optional = plan_.optionalCompletion && n == 1 && g % 2 == 0;
       void* request = optional ? reinterpret_cast<void*>(NCCL_NET_OPTIONAL_RECV_COMPLETION) : nullptr;
       const ncclResult_t rc = net_.irecv(comm_, n, data, sizes, tags, mhandles, &request);
-      REQUIRE(rc == ncclSuccess, strf("irecv #%zu (n=%d) returned %s", g, n, resultName(rc)));
+      REQUIRE(rc == ncclSuccess, strf("irecv #%zu (n=%d) returned %s", g, n, ncclResultName(rc)));
       REQUIRE(request != reinterpret_cast<void*>(NCCL_NET_OPTIONAL_RECV_COMPLETION),
               strf("irecv #%zu left the optional-completion marker in *request instead of a real request", g));
       if (!request) break;  // not now; NCCL retries later
@@ -324,7 +324,7 @@ class Receiver {
       std::fill(std::begin(sizes), std::end(sizes), -1);
       const bool withSizes = f.group % 5 != 4;  // sizes may be NULL
       const ncclResult_t rc = net_.test(f.request, &done, withSizes ? sizes : nullptr);
-      REQUIRE(rc == ncclSuccess, strf("test of irecv #%zu returned %s", f.group, resultName(rc)));
+      REQUIRE(rc == ncclSuccess, strf("test of irecv #%zu returned %s", f.group, ncclResultName(rc)));
       if (!done) {
         ++k;
         continue;
@@ -484,7 +484,7 @@ void* postSend(NetApi& net, void* comm, void* data, size_t size, int tag, void* 
   for (Backoff backoff; !request; backoff.idle()) {
     deadline.check("isend to accept the send");
     const ncclResult_t rc = net.isend(comm, data, size, tag, mhandle, &request);
-    REQUIRE(rc == ncclSuccess, strf("isend (%zu bytes, tag %d) returned %s", size, tag, resultName(rc)));
+    REQUIRE(rc == ncclSuccess, strf("isend (%zu bytes, tag %d) returned %s", size, tag, ncclResultName(rc)));
   }
   return request;
 }
@@ -495,7 +495,7 @@ void* postRecv(NetApi& net, void* comm, int n, void** data, size_t* sizes, int* 
   for (Backoff backoff; !request; backoff.idle()) {
     deadline.check("irecv to accept the receive");
     const ncclResult_t rc = net.irecv(comm, n, data, sizes, tags, mhandles, &request);
-    REQUIRE(rc == ncclSuccess, strf("irecv (n=%d) returned %s", n, resultName(rc)));
+    REQUIRE(rc == ncclSuccess, strf("irecv (n=%d) returned %s", n, ncclResultName(rc)));
   }
   return request;
 }

@@ -88,6 +88,22 @@ typedef ncclNetDeviceHandle_v8_t ncclNetDeviceHandle_v12_t;
 // What NCCL's v8 shim caps transfers at (int sizes).
 #define NCCL_V8_MAX_NET_SIZE (1ULL << 30)
 
+// The enumerator's name, for messages of tools and tests that call the plugin.
+inline const char* ncclResultName(ncclResult_t result) {
+  switch (result) {
+    case ncclSuccess: return "ncclSuccess";
+    case ncclUnhandledCudaError: return "ncclUnhandledCudaError";
+    case ncclSystemError: return "ncclSystemError";
+    case ncclInternalError: return "ncclInternalError";
+    case ncclInvalidArgument: return "ncclInvalidArgument";
+    case ncclInvalidUsage: return "ncclInvalidUsage";
+    case ncclRemoteError: return "ncclRemoteError";
+    case ncclInProgress: return "ncclInProgress";
+    case ncclTimeout: return "ncclTimeout";
+  }
+  return "(unknown ncclResult_t)";
+}
+
 static_assert(sizeof(ncclResult_t) == 4);
 static_assert(sizeof(ncclNetDeviceType) == 4);
 static_assert(sizeof(ncclNetDeviceHandle_v8_t) == 32);
