@@ -50,7 +50,7 @@ std::unique_ptr<PendingConnect> startConnection(const Handle& handle, const Conn
   pending->peer = handleAddress(handle);
   uint64_t connectionId;
   randomBytes(&connectionId, sizeof(connectionId));
-  int streams = std::clamp(options.streams, 1, kMaxStreams);
+  int streams = std::clamp(options.streams, 0, kMaxStreams);
   for (int i = 0; i <= streams; ++i) {
     PendingConnect::Socket socket;
     socket.fd = startConnect(pending->peer);
@@ -138,7 +138,7 @@ void connectStep(Handle* handle, const ConnectOptions& options, std::unique_ptr<
   if (advance(*pending)) {
     std::vector<Fd> data;
     for (size_t i = 1; i < pending->sockets.size(); ++i) data.push_back(std::move(pending->sockets[i].fd));
-    *comm = std::make_unique<TcpSendComm>(std::move(pending->sockets[0].fd), std::move(data), pending->peer);
+    *comm = options.makeSendComm(std::move(pending->sockets[0].fd), std::move(data), pending->peer);
     handle->connectToken = 0;
     return;
   }
@@ -205,15 +205,20 @@ bool TcpListenComm::readHello(Arrival& arrival) {
     reject(arrival, why);
     return true;
   }
-  Group& group = groups_[arrival.hello.connectionId];
-  if (group.data.empty()) {
+  auto [entry, created] = groups_.try_emplace(arrival.hello.connectionId);
+  Group& group = entry->second;
+  if (created) {
     group.data.resize(arrival.hello.streamCount);
     group.peer = arrival.peer;
   }
+  if (arrival.hello.streamCount != group.data.size()) {
+    reject(arrival, "stream count differs from the rest of its connection");
+    return true;
+  }
   bool control = arrival.hello.role == static_cast<uint16_t>(StreamRole::kControl);
-  Fd& place = control ? group.control : group.data[arrival.hello.streamIndex % group.data.size()];
-  if (arrival.hello.streamCount != group.data.size() || place.valid()) {
-    reject(arrival, "duplicate or inconsistent stream for its connection");
+  Fd& place = control ? group.control : group.data[arrival.hello.streamIndex];
+  if (place.valid()) {
+    reject(arrival, "duplicate stream for its connection");
     return true;
   }
   place = std::move(arrival.fd);
@@ -227,7 +232,7 @@ void TcpListenComm::accept(std::unique_ptr<RecvComm>* comm) {
   for (auto it = groups_.begin(); it != groups_.end(); ++it) {
     Group& group = it->second;
     if (group.present != static_cast<int>(group.data.size()) + 1) continue;
-    *comm = std::make_unique<TcpRecvComm>(std::move(group.control), std::move(group.data), group.peer);
+    *comm = options_.makeRecvComm(std::move(group.control), std::move(group.data), group.peer);
     groups_.erase(it);
     return;
   }

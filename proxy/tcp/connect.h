@@ -3,20 +3,29 @@
 #pragma once
 
 #include <chrono>
+#include <functional>
 #include <map>
 #include <memory>
+#include <vector>
 
-#include "proxy/tcp/recv_comm.h"
-#include "proxy/tcp/send_comm.h"
+#include "proxy/tcp/socket.h"
 #include "proxy/tcp/wire.h"
+#include "proxy/transport.h"
 
 namespace railnet::tcp {
 
+// What a transport builds once all sockets of a connection are there: the TCP transport moves its data over
+// them; the verbs transport keeps only the control socket, to exchange QP details and clear-to-sends.
+using SendCommFactory = std::function<std::unique_ptr<SendComm>(Fd control, std::vector<Fd> data, const SocketAddress& peer)>;
+using RecvCommFactory = std::function<std::unique_ptr<RecvComm>(Fd control, std::vector<Fd> data, const SocketAddress& peer)>;
+
 struct ConnectOptions {
-  int streams = 8;
+  int streams = 8;  // data sockets besides the control socket; 0 for control-only connections
   StreamOptions stream;
   int16_t railId = -1;
   std::chrono::milliseconds strayTimeout{10000};
+  SendCommFactory makeSendComm;
+  RecvCommFactory makeRecvComm;
 };
 
 class TcpListenComm final : public ListenComm {

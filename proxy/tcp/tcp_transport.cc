@@ -4,6 +4,8 @@
 #include <cstring>
 
 #include "proxy/tcp/connect.h"
+#include "proxy/tcp/recv_comm.h"
+#include "proxy/tcp/send_comm.h"
 #include "railnet/error.h"
 #include "railnet/log.h"
 #include "railnet/settings.h"
@@ -47,6 +49,12 @@ class TcpTransport final : public Transport {
     options_.stream.notSentLowat = static_cast<int>(std::max<int64_t>(config.tcpNotSentLowat, 0));
     options_.stream.peerTimeoutMs = static_cast<int>(std::max<int64_t>(config.peerTimeoutMs, 0));
     options_.strayTimeout = std::chrono::milliseconds(std::max<int64_t>(config.strayTimeoutMs, 1));
+    options_.makeSendComm = [](Fd control, std::vector<Fd> data, const SocketAddress& peer) {
+      return std::unique_ptr<SendComm>(new TcpSendComm(std::move(control), std::move(data), peer));
+    };
+    options_.makeRecvComm = [](Fd control, std::vector<Fd> data, const SocketAddress& peer) {
+      return std::unique_ptr<RecvComm>(new TcpRecvComm(std::move(control), std::move(data), peer));
+    };
   }
 
   const char* name() const noexcept override { return "TCP"; }

@@ -9,7 +9,7 @@ const char* validateHello(const Hello& hello, const uint64_t secret[2]) {
   if (hello.role != static_cast<uint16_t>(StreamRole::kControl) && hello.role != static_cast<uint16_t>(StreamRole::kData)) {
     return "unknown stream role";
   }
-  if (hello.streamCount < 1 || hello.streamCount > kMaxStreams) return "stream count out of range";
+  if (hello.streamCount > kMaxStreams) return "stream count out of range";
   if (hello.role == static_cast<uint16_t>(StreamRole::kData) && hello.streamIndex >= hello.streamCount) {
     return "stream index out of range";
   }

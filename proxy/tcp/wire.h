@@ -42,7 +42,7 @@ struct Hello {
   uint64_t secret[2];
   uint64_t connectionId;  // random per connect(); groups the sockets of one connection
   uint16_t streamIndex;   // data streams: 0..streamCount-1
-  uint16_t streamCount;   // data streams in this connection
+  uint16_t streamCount;   // data streams in this connection (0: control socket only)
   int16_t railId;         // sender's rail, for telemetry
   uint16_t reserved;
 };

@@ -30,7 +30,7 @@ TEST_CASE("hellos that are wrong in any field are rejected with a reason", "[wir
   SECTION("wrong secret") { hello.secret[1] ^= 1; }
   SECTION("wire version") { hello.version = kWireVersion + 1; }
   SECTION("stream index past count") { hello.streamIndex = 8; }
-  SECTION("zero streams") { hello.streamCount = 0; }
+  SECTION("a data stream of a control-only connection") { hello.streamCount = 0; }
   SECTION("too many streams") { hello.streamCount = kMaxStreams + 1; }
   SECTION("unknown role") { hello.role = 7; }
   const char* why = validateHello(hello, secret);
@@ -50,6 +50,15 @@ TEST_CASE("chunk sizes are 4 KiB multiples, at least the minimum, and cover the 
       CHECK((size + chunk - 1) / chunk <= static_cast<uint64_t>(streams) + 1);
     }
   }
+}
+
+TEST_CASE("a control-only connection (verbs) has a control hello with zero data streams", "[wire]") {
+  const uint64_t secret[2] = {1, 2};
+  Hello hello = validHello(secret);
+  hello.role = static_cast<uint16_t>(StreamRole::kControl);
+  hello.streamIndex = 0;
+  hello.streamCount = 0;
+  CHECK(validateHello(hello, secret) == nullptr);
 }
 
 TEST_CASE("the handle keeps the layout other tools rely on", "[wire]") {
