@@ -31,7 +31,8 @@ std::optional<ClearToSendQueue::Destination> ClearToSendQueue::claim(int tag) {
     for (int i = 0; i < receive.count; ++i) {
       if ((receive.usedMask & (1u << i)) != 0 || receive.entries[i].tag != tag) continue;
       receive.usedMask = static_cast<uint8_t>(receive.usedMask | (1u << i));
-      Destination destination{receive.recvId, i, receive.entries[i].capacity};
+      const ClearToSendEntry& entry = receive.entries[i];
+      Destination destination{receive.recvId, i, entry.capacity, entry.address, entry.rkey};
       while (!posted_.empty() && posted_.front().usedMask == (1u << posted_.front().count) - 1) posted_.pop_front();
       return destination;
     }

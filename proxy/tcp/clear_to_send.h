@@ -17,6 +17,8 @@ class ClearToSendQueue {
     uint32_t recvId;
     int slot;
     uint64_t capacity;
+    uint64_t address;  // for RDMA writes
+    uint32_t rkey;
   };
 
   // Takes as many whole clear-to-send frames from `data` as it holds; returns the bytes used, or -1 with

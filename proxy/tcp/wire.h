@@ -63,13 +63,15 @@ struct FrameHeader {
 };
 static_assert(sizeof(FrameHeader) == 16);
 
-// Follows a kClearToSend header, one per buffer of the receive.
+// Follows a kClearToSend header, one per buffer of the receive. address/rkey let an RDMA sender write
+// straight into the buffer; the TCP transport leaves them 0.
 struct ClearToSendEntry {
   int32_t tag;
-  uint32_t reserved;
+  uint32_t rkey;
   uint64_t capacity;
+  uint64_t address;
 };
-static_assert(sizeof(ClearToSendEntry) == 16);
+static_assert(sizeof(ClearToSendEntry) == 24);
 
 // In front of every chunk on a data stream; chunks are self-describing, so any stream may carry any chunk.
 struct ChunkHeader {

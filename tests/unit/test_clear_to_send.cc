@@ -17,7 +17,7 @@ void appendFrame(std::vector<char>* bytes, uint32_t recvId, std::vector<std::pai
   const char* raw = reinterpret_cast<const char*>(&header);
   bytes->insert(bytes->end(), raw, raw + sizeof(header));
   for (auto [tag, capacity] : buffers) {
-    ClearToSendEntry entry{tag, 0, capacity};
+    ClearToSendEntry entry{tag, 0, capacity, 0x1000u + capacity};
     raw = reinterpret_cast<const char*>(&entry);
     bytes->insert(bytes->end(), raw, raw + sizeof(entry));
   }
@@ -41,6 +41,7 @@ TEST_CASE("single receives match in posting order", "[matching]") {
   REQUIRE(second);
   CHECK(first->recvId == 0);
   CHECK(first->capacity == 100);
+  CHECK(first->address == 0x1000u + 100);
   CHECK(second->recvId == 1);
   CHECK(second->capacity == 200);
   CHECK_FALSE(queue.claim(3));
