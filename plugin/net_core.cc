@@ -4,6 +4,7 @@
 
 #include "plugin/guard.h"
 #include "proxy/tcp/tcp_transport.h"
+#include "proxy/verbs/verbs_transport.h"
 #include "railnet/settings.h"
 
 namespace railnet::net {
@@ -45,6 +46,21 @@ void logStartup(int abiVersion, const Transport& chosen) {
           RAILNET_VERSION, abiVersion, chosen.name(), chosen.deviceCount(), names.c_str());
 }
 
+// RAILNET_TRANSPORT=auto takes verbs when an RDMA port is active and says why not otherwise.
+std::unique_ptr<Transport> chooseTransport() {
+  const std::string& wanted = settings().transport;
+  if (wanted != "auto" && wanted != "tcp" && wanted != "verbs") {
+    fail(ncclInvalidUsage, "NET/railnet: RAILNET_TRANSPORT=%s; use auto, tcp or verbs", wanted.c_str());
+  }
+  if (wanted != "tcp") {
+    std::string why;
+    if (std::unique_ptr<Transport> verbs = verbs::createVerbsTransport(&why)) return verbs;
+    if (wanted == "verbs") fail(ncclSystemError, "NET/railnet: RAILNET_TRANSPORT=verbs, but %s", why.c_str());
+    RN_INFO(NCCL_INIT | NCCL_NET, "NET/railnet: verbs transport unavailable (%s); using TCP", why.c_str());
+  }
+  return tcp::createTcpTransport();
+}
+
 Comm* asComm(void* comm) {
   if (comm == nullptr) fail(ncclInvalidUsage, "NET/railnet: NULL comm");
   return static_cast<Comm*>(comm);
@@ -59,7 +75,7 @@ ncclResult_t init(int abiVersion, ncclDebugLogger_t logger, void** ctx, uint64_t
     std::lock_guard<std::mutex> lock(plugin.mutex);
     if (!plugin.transport) {
       settings();  // read and validate RAILNET_* once, logging bad values now
-      plugin.transport = tcp::createTcpTransport();
+      plugin.transport = chooseTransport();
       plugin.abiVersion = abiVersion;
       logStartup(abiVersion, *plugin.transport);
     }

@@ -34,6 +34,22 @@
     "its requests.")                                                                                              \
   X(Int, strayTimeoutMs, "RAILNET_STRAY_TIMEOUT_MS", 10000,                                                       \
     "An accepted connection that has not sent a valid hello in this time is dropped and logged.")                 \
+  X(String, transport, "RAILNET_TRANSPORT", "auto",                                                               \
+    "auto: the verbs transport when an RDMA device is active, else TCP; tcp or verbs force one (verbs fails "     \
+    "init when no RDMA device can be used).")                                                                     \
+  X(String, ibHca, "RAILNET_IB_HCA", "",                                                                          \
+    "RDMA devices railnet may use, NCCL_IB_HCA syntax: prefixes, '^' excludes, '=' exact, ':port' picks a port.")  \
+  X(Int, ibGidIndex, "RAILNET_IB_GID_INDEX", -1,                                                                  \
+    "GID index for RoCE; -1 picks a RoCE v2 GID of the family in RAILNET_IB_ADDR_FAMILY.")                        \
+  X(String, ibAddrFamily, "RAILNET_IB_ADDR_FAMILY", "AF_INET",                                                     \
+    "Address family of the RoCE v2 GID picked automatically: AF_INET or AF_INET6.")                               \
+  X(Int, ibTrafficClass, "RAILNET_IB_TC", 0, "Traffic class of railnet's QPs (RoCE: DSCP << 2).")                 \
+  X(Int, ibServiceLevel, "RAILNET_IB_SL", 0, "Service level of railnet's QPs.")                                    \
+  X(Int, ibTimeout, "RAILNET_IB_TIMEOUT", 20,                                                                     \
+    "QP ACK timeout exponent: 4.096 us * 2^value before a retry.")                                                \
+  X(Int, ibRetryCount, "RAILNET_IB_RETRY_CNT", 7, "QP transport retries before a send fails.")                     \
+  X(Int, ibQpsPerConnection, "RAILNET_IB_QPS_PER_CONNECTION", 2,                                                  \
+    "Data QPs per connection; messages are striped over them in 128-byte-aligned pieces.")                        \
   X(Int, tcpSpeedMbps, "RAILNET_TCP_SPEED_MBPS", 0,                                                               \
     "Speed reported to NCCL for TCP devices; 0 reads /sys/class/net/<if>/speed (100000 for loopback).")
 

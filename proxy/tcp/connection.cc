@@ -19,13 +19,14 @@ Connection::Connection(Fd control, std::vector<Fd> data, const SocketAddress& pe
 Connection::~Connection() { stop(); }
 
 void Connection::start(StreamOwner* owner) {
+  started_ = true;
+  if (pendingData_.empty()) return;  // control-only (verbs): no helper threads needed
   engine_ = Engine::acquire();
   for (size_t i = 0; i < pendingData_.size(); ++i) {
     streams_.push_back(std::make_unique<Stream>(std::move(pendingData_[i]), owner, static_cast<int>(i)));
   }
   pendingData_.clear();
   for (auto& stream : streams_) engine_->attach(stream.get());
-  started_ = true;
 }
 
 void Connection::stop() {

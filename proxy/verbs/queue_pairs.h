@@ -1,0 +1,69 @@
+// The reliable-connected QPs of one railnet connection and the completion queue they share, with the
+// handshake record both ends exchange on the control socket to bring them up (RESET → INIT → RTR → RTS).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "proxy/verbs/verbs_device.h"
+
+namespace railnet::verbs {
+
+constexpr int kMaxQps = 8;
+constexpr uint32_t kQpInfoMagic = 0x50514e52;  // "RNQP"
+constexpr uint16_t kQpInfoVersion = 1;
+
+// Sent by each end as the first bytes on the control socket.
+struct QpInfo {
+  uint32_t magic;
+  uint16_t version;
+  uint16_t qpCount;
+  uint32_t qpn[kMaxQps];
+  uint32_t psn;
+  uint16_t lid;
+  uint8_t linkLayer;
+  uint8_t mtu;  // ibv_mtu
+  uint8_t gid[16];
+  uint32_t reserved;
+};
+static_assert(sizeof(QpInfo) == 68);
+
+struct QpOptions {
+  int count = 2;
+  int trafficClass = 0;
+  int serviceLevel = 0;
+  int timeout = 20;
+  int retryCount = 7;
+  int sendDepth = 512;  // work requests per QP
+  int recvDepth = 512;
+};
+
+class QueuePairs {
+ public:
+  // Creates the CQ and `options.count` RC QPs and moves them to INIT. Throws railnet::Error.
+  QueuePairs(std::shared_ptr<VerbsDevice> device, const QpOptions& options);
+  ~QueuePairs();
+  QueuePairs(const QueuePairs&) = delete;
+  QueuePairs& operator=(const QueuePairs&) = delete;
+
+  QpInfo localInfo() const;
+  // Checks the peer's record and moves the QPs to RTS against it; the QPs used are min(ours, theirs).
+  // Throws railnet::Error naming what did not fit.
+  void connect(const QpInfo& remote);
+
+  int count() const { return active_; }
+  ibv_qp* qp(int index) const { return qps_[static_cast<size_t>(index)]; }
+  ibv_cq* cq() const { return cq_; }
+  const VerbsDevice& device() const { return *device_; }
+
+ private:
+  std::shared_ptr<VerbsDevice> device_;
+  QpOptions options_;
+  ibv_cq* cq_ = nullptr;
+  std::vector<ibv_qp*> qps_;
+  uint32_t psn_ = 0;
+  int active_ = 0;
+};
+
+}  // namespace railnet::verbs

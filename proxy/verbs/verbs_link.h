@@ -1,0 +1,37 @@
+// What a verbs send comm and recv comm share: the TCP control socket (QP handshake, clear-to-sends, oversize
+// notices, and the fastest sign that the peer process is gone) and the connection's QPs and CQ.
+#pragma once
+
+#include <memory>
+
+#include "proxy/tcp/connection.h"
+#include "proxy/verbs/queue_pairs.h"
+
+namespace railnet::verbs {
+
+class VerbsLink {
+ public:
+  // Creates the QPs (INIT) and sends our QP record. Throws railnet::Error.
+  VerbsLink(std::shared_ptr<VerbsDevice> device, tcp::Fd control, const tcp::SocketAddress& peer,
+            const char* direction, const QpOptions& options);
+
+  // Advances the QP handshake; true once the QPs are at RTS. Caller holds the comm's lock. A failure is
+  // recorded on control() and reported by the caller.
+  bool ready();
+
+  tcp::Connection& control() { return control_; }
+  QueuePairs& qps() { return qps_; }
+  VerbsDevice& device() { return *device_; }
+  std::shared_ptr<VerbsDevice> devicePtr() const { return device_; }
+
+  // Names a failed work completion for the failure record: QP, opcode, status, vendor error.
+  std::string describe(const ibv_wc& completion) const;
+
+ private:
+  std::shared_ptr<VerbsDevice> device_;
+  tcp::Connection control_;
+  QueuePairs qps_;
+  bool ready_ = false;
+};
+
+}  // namespace railnet::verbs

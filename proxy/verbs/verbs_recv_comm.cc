@@ -1,0 +1,195 @@
+#include "proxy/verbs/verbs_recv_comm.h"
+
+#include <cstring>
+
+#include "railnet/error.h"
+#include "railnet/log.h"
+
+namespace railnet::verbs {
+
+ncclResult_t VerbsRecvRequest::test(int* done, int* sizes) noexcept { return comm_->testRequest(this, done, sizes); }
+
+VerbsRecvComm::VerbsRecvComm(std::shared_ptr<VerbsDevice> device, tcp::Fd control, const tcp::SocketAddress& peer,
+                             const QpOptions& options)
+    : link_(std::move(device), std::move(control), peer, "receive", options) {
+  for (VerbsRecvRequest& entry : ring_) entry.comm_ = this;
+  int qps = link_.qps().count();
+  notices_.resize(static_cast<size_t>(qps) * kNoticesPerQp);
+  noticeRegion_ = link_.device().registerMemory(notices_.data(), notices_.size() * sizeof(tcp::ChunkHeader),
+                                                NCCL_PTR_HOST);
+  // Posted before the QPs reach RTR, so no notice can arrive without a buffer.
+  for (int qp = 0; qp < qps; ++qp) {
+    for (int i = 0; i < kNoticesPerQp; ++i) postNotice(qp, i);
+  }
+}
+
+std::unique_ptr<MemoryRegion> VerbsRecvComm::regMr(void* data, size_t size, int type) {
+  return link_.device().registerMemory(data, size, type);
+}
+
+std::unique_ptr<MemoryRegion> VerbsRecvComm::regMrDmaBuf(void*, size_t, int type, uint64_t, int) {
+  fail(ncclInvalidArgument, "NET/railnet: dmabuf registration (type %d) is not supported by the verbs transport yet",
+       type);
+}
+
+void VerbsRecvComm::postNotice(int qpIndex, int bufferIndex) {
+  size_t index = static_cast<size_t>(qpIndex) * kNoticesPerQp + static_cast<size_t>(bufferIndex);
+  ibv_sge sge{reinterpret_cast<uint64_t>(&notices_[index]), sizeof(tcp::ChunkHeader),
+              static_cast<VerbsRegion*>(noticeRegion_.get())->lkey()};
+  ibv_recv_wr wr{};
+  wr.wr_id = index;
+  wr.sg_list = &sge;
+  wr.num_sge = 1;
+  ibv_recv_wr* bad = nullptr;
+  ibv_qp* qp = link_.qps().qp(qpIndex);
+  if (int rc = ibv_post_recv(qp, &wr, &bad); rc != 0) {
+    link_.control().recordFailure("ibv_post_recv on QP " + std::to_string(qp->qp_num) + " failed: " + errnoText(rc));
+  }
+}
+
+void VerbsRecvComm::completeSlot(VerbsRecvRequest& request, int slot, uint64_t size) {
+  request.slots_[slot].size = size;
+  --request.pendingSlots_;
+}
+
+void VerbsRecvComm::applyNotice(const tcp::ChunkHeader& header) {
+  VerbsRecvRequest& request = ring_[header.recvId % kRing];
+  if (request.postedId_ != header.recvId || header.slot >= request.count_) {
+    link_.control().recordFailure("protocol error: a notice for receive " + std::to_string(header.recvId) +
+                                  ", which is not posted");
+    return;
+  }
+  VerbsRecvRequest::Slot& slot = request.slots_[header.slot];
+  if (header.messageSize > slot.capacity || header.offset + header.length > header.messageSize) {
+    link_.control().recordFailure("protocol error: a notice outside the posted buffer");
+    return;
+  }
+  slot.received += header.length;
+  if (slot.received == header.messageSize) completeSlot(request, header.slot, header.messageSize);
+}
+
+void VerbsRecvComm::pollCompletions() {
+  ibv_wc completions[32];
+  for (;;) {
+    int count = ibv_poll_cq(link_.qps().cq(), 32, completions);
+    if (count < 0) {
+      link_.control().recordFailure("ibv_poll_cq failed");
+      return;
+    }
+    for (int i = 0; i < count; ++i) {
+      const ibv_wc& completion = completions[i];
+      if (completion.status != IBV_WC_SUCCESS) {
+        link_.control().recordFailure(link_.describe(completion));
+        continue;
+      }
+      size_t index = completion.wr_id;
+      applyNotice(notices_[index]);
+      postNotice(static_cast<int>(index / kNoticesPerQp), static_cast<int>(index % kNoticesPerQp));
+    }
+    if (count < 32) return;
+  }
+}
+
+void VerbsRecvComm::pumpControl() {
+  tcp::Connection& control = link_.control();
+  if (controlClosed_ || !control.flushControl()) return;
+  for (;;) {
+    while (control.controlSize() >= sizeof(tcp::FrameHeader)) {
+      tcp::FrameHeader frame;
+      memcpy(&frame, control.controlData(), sizeof(frame));
+      control.consumeControl(sizeof(frame));
+      VerbsRecvRequest& request = ring_[frame.recvId % kRing];
+      if (frame.type != static_cast<uint8_t>(tcp::FrameType::kOversize) || request.postedId_ != frame.recvId ||
+          frame.slot >= request.count_) {
+        control.recordFailure("protocol error: unexpected control frame type " + std::to_string(frame.type));
+        return;
+      }
+      RN_WARN("NET/railnet: %s sent %lu bytes (tag %d) into a receive buffer of %lu bytes", control.peerName().c_str(),
+              static_cast<unsigned long>(frame.size), request.slots_[frame.slot].tag,
+              static_cast<unsigned long>(request.slots_[frame.slot].capacity));
+      request.oversize_ = true;
+      completeSlot(request, frame.slot, 0);
+    }
+    ssize_t got = control.readControl();
+    if (got == 0) return;
+    if (got == tcp::kEndOfStream) {
+      controlClosed_ = true;
+      return;
+    }
+    if (got < 0) {
+      control.recordFailure("control connection: " + errnoText(static_cast<int>(-got)));
+      return;
+    }
+  }
+}
+
+ncclResult_t VerbsRecvComm::irecv(int n, void** data, const size_t* sizes, const int* tags, MemoryRegion** mrs,
+                                  Request** request) noexcept {
+  *request = nullptr;
+  tcp::Connection& control = link_.control();
+  if (n < 1 || n > tcp::kMaxRecvs) {
+    RN_WARN("NET/railnet: irecv of %d buffers from %s; railnet takes 1 to %d", n, control.peerName().c_str(),
+            tcp::kMaxRecvs);
+    return ncclInvalidUsage;
+  }
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (control.failed() || !link_.ready()) return control.failed() ? control.reportFailure() : ncclSuccess;
+  if (controlClosed_) {
+    control.recordFailure("the sender closed the connection");
+    return control.reportFailure();
+  }
+  VerbsRecvRequest& entry = ring_[nextRecvId_ % kRing];
+  if (entry.inUse_) return ncclSuccess;
+  tcp::FrameHeader header{static_cast<uint8_t>(tcp::FrameType::kClearToSend), static_cast<uint8_t>(n), 0, nextRecvId_,
+                          0};
+  tcp::ClearToSendEntry entries[tcp::kMaxRecvs]{};
+  for (int i = 0; i < n; ++i) {
+    auto* region = mrs != nullptr ? dynamic_cast<VerbsRegion*>(mrs[i]) : nullptr;
+    if (region == nullptr && sizes[i] > 0) {
+      RN_WARN("NET/railnet: irecv buffer %d from %s has no verbs memory registration", i, control.peerName().c_str());
+      return ncclInvalidUsage;
+    }
+    entry.slots_[i] = {static_cast<char*>(data[i]), sizes[i], tags != nullptr ? tags[i] : 0, 0, 0};
+    entries[i] = {entry.slots_[i].tag, region != nullptr ? region->rkey() : 0, sizes[i],
+                  reinterpret_cast<uint64_t>(data[i])};
+  }
+  entry.count_ = n;
+  entry.pendingSlots_ = n;
+  entry.oversize_ = false;
+  entry.inUse_ = true;
+  entry.postedId_ = nextRecvId_++;
+  control.sendControl(&header, sizeof(header), entries, sizeof(tcp::ClearToSendEntry) * static_cast<size_t>(n));
+  *request = &entry;
+  return ncclSuccess;
+}
+
+ncclResult_t VerbsRecvComm::iflush(int, void**, const int*, MemoryRegion**, Request** request) noexcept {
+  *request = nullptr;  // host memory: RDMA writes are visible once their notice arrived
+  return ncclSuccess;
+}
+
+ncclResult_t VerbsRecvComm::testRequest(VerbsRecvRequest* request, int* done, int* sizes) noexcept {
+  *done = 0;
+  std::lock_guard<std::mutex> lock(mutex_);
+  tcp::Connection& control = link_.control();
+  pollCompletions();
+  if (request->pendingSlots_ != 0) {
+    pumpControl();
+    if (request->pendingSlots_ != 0) {
+      // The CQ was drained first, so a sender that finished and closed cannot be mistaken for a dead one.
+      if (controlClosed_ && !control.failed()) {
+        control.recordFailure("the sender closed the connection before this receive completed");
+      }
+      return control.failed() ? control.reportFailure() : ncclSuccess;
+    }
+  }
+  *done = 1;
+  if (sizes != nullptr) {
+    for (int i = 0; i < request->count_; ++i) sizes[i] = static_cast<int>(request->slots_[i].size);
+  }
+  request->postedId_ = UINT32_MAX;
+  request->inUse_ = false;
+  return request->oversize_ ? ncclInvalidUsage : ncclSuccess;
+}
+
+}  // namespace railnet::verbs

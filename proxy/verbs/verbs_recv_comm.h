@@ -1,0 +1,72 @@
+// The receiving end of a railnet verbs connection. irecv publishes each buffer's address and rkey in a
+// clear-to-send; the sender RDMA-writes into it and follows each stripe with a SEND carrying a chunk header,
+// which lands in one of the small receive buffers posted here. test() polls the CQ: no helper threads.
+#pragma once
+
+#include <mutex>
+#include <vector>
+
+#include "proxy/tcp/wire.h"
+#include "proxy/verbs/verbs_link.h"
+
+namespace railnet::verbs {
+
+class VerbsRecvComm;
+
+class VerbsRecvRequest final : public Request {
+ public:
+  ncclResult_t test(int* done, int* sizes) noexcept override;
+
+ private:
+  friend class VerbsRecvComm;
+  struct Slot {
+    char* data = nullptr;
+    uint64_t capacity = 0;
+    int tag = 0;
+    uint64_t received = 0;
+    uint64_t size = 0;
+  };
+  // All fields are guarded by the comm's mutex: only test() and irecv() touch them.
+  VerbsRecvComm* comm_ = nullptr;
+  uint32_t postedId_ = UINT32_MAX;
+  int count_ = 0;
+  Slot slots_[tcp::kMaxRecvs];
+  int pendingSlots_ = 0;
+  bool oversize_ = false;
+  bool inUse_ = false;
+};
+
+class VerbsRecvComm final : public RecvComm {
+ public:
+  VerbsRecvComm(std::shared_ptr<VerbsDevice> device, tcp::Fd control, const tcp::SocketAddress& peer,
+                const QpOptions& options);
+
+  std::unique_ptr<MemoryRegion> regMr(void* data, size_t size, int type) override;
+  std::unique_ptr<MemoryRegion> regMrDmaBuf(void* data, size_t size, int type, uint64_t offset, int fd) override;
+  ncclResult_t irecv(int n, void** data, const size_t* sizes, const int* tags, MemoryRegion** mrs,
+                     Request** request) noexcept override;
+  ncclResult_t iflush(int n, void** data, const int* sizes, MemoryRegion** mrs, Request** request) noexcept override;
+
+ private:
+  friend class VerbsRecvRequest;
+  static constexpr uint32_t kRing = 2 * NCCL_NET_MAX_REQUESTS;
+  // Chunk-header buffers posted per QP: at most 32 receives x 8 buffers of notices can be outstanding.
+  static constexpr int kNoticesPerQp = NCCL_NET_MAX_REQUESTS * tcp::kMaxRecvs;
+
+  ncclResult_t testRequest(VerbsRecvRequest* request, int* done, int* sizes) noexcept;
+  void postNotice(int qpIndex, int bufferIndex);
+  void pollCompletions();
+  void applyNotice(const tcp::ChunkHeader& header);
+  void pumpControl();
+  void completeSlot(VerbsRecvRequest& request, int slot, uint64_t size);
+
+  std::mutex mutex_;
+  VerbsLink link_;
+  std::vector<tcp::ChunkHeader> notices_;  // kNoticesPerQp per QP
+  std::unique_ptr<MemoryRegion> noticeRegion_;
+  VerbsRecvRequest ring_[kRing];
+  uint32_t nextRecvId_ = 0;
+  bool controlClosed_ = false;
+};
+
+}  // namespace railnet::verbs

@@ -1,0 +1,175 @@
+#include "proxy/verbs/verbs_send_comm.h"
+
+#include <algorithm>
+
+#include "railnet/error.h"
+#include "railnet/log.h"
+
+namespace railnet::verbs {
+namespace {
+constexpr size_t kSendRequests = 2 * NCCL_NET_MAX_REQUESTS * tcp::kMaxRecvs;
+// Stripes are 128-byte aligned (LL128 lines) and at least this long, so small messages use one QP.
+constexpr uint64_t kMinStripe = 64 * 1024;
+constexpr uint64_t kStripeAlign = 128;
+}  // namespace
+
+ncclResult_t VerbsSendRequest::test(int* done, int* sizes) noexcept { return comm_->testRequest(this, done, sizes); }
+
+VerbsSendComm::VerbsSendComm(std::shared_ptr<VerbsDevice> device, tcp::Fd control, const tcp::SocketAddress& peer,
+                             const QpOptions& options)
+    : link_(std::move(device), std::move(control), peer, "send", options),
+      requests_(kSendRequests, [this](VerbsSendRequest& request) { request.comm_ = this; }) {}
+
+std::unique_ptr<MemoryRegion> VerbsSendComm::regMr(void* data, size_t size, int type) {
+  return link_.device().registerMemory(data, size, type);
+}
+
+std::unique_ptr<MemoryRegion> VerbsSendComm::regMrDmaBuf(void*, size_t, int type, uint64_t, int) {
+  fail(ncclInvalidArgument, "NET/railnet: dmabuf registration (type %d) is not supported by the verbs transport yet",
+       type);
+}
+
+void VerbsSendComm::pumpControl() {
+  tcp::Connection& control = link_.control();
+  if (!control.flushControl()) return;
+  for (;;) {
+    ssize_t got = control.readControl();
+    if (got == tcp::kEndOfStream) {
+      control.recordFailure("the receiver closed the connection");
+      return;
+    }
+    if (got < 0) {
+      control.recordFailure("control connection: " + errnoText(static_cast<int>(-got)));
+      return;
+    }
+    std::string why;
+    long used = posted_.parse(control.controlData(), control.controlSize(), &why);
+    if (used < 0) {
+      control.recordFailure(why);
+      return;
+    }
+    control.consumeControl(static_cast<size_t>(used));
+    if (got == 0 || !control.controlMayHaveMore()) return;
+  }
+}
+
+void VerbsSendComm::pollCompletions() {
+  ibv_wc completions[32];
+  for (;;) {
+    int count = ibv_poll_cq(link_.qps().cq(), 32, completions);
+    if (count < 0) {
+      link_.control().recordFailure("ibv_poll_cq failed");
+      return;
+    }
+    for (int i = 0; i < count; ++i) {
+      const ibv_wc& completion = completions[i];
+      if (completion.status != IBV_WC_SUCCESS) {
+        link_.control().recordFailure(link_.describe(completion));
+        continue;
+      }
+      if (completion.wr_id != 0) --reinterpret_cast<VerbsSendRequest*>(completion.wr_id)->pendingStripes_;
+    }
+    if (count < 32) return;
+  }
+}
+
+bool VerbsSendComm::postStripes(VerbsSendRequest* request, const char* data, uint32_t lkey, uint64_t size,
+                                const tcp::ClearToSendQueue::Destination& destination) {
+  int qps = link_.qps().count();
+  uint64_t perQp = (size + static_cast<uint64_t>(qps) - 1) / static_cast<uint64_t>(qps);
+  uint64_t stripe = std::max(kMinStripe, (perQp + kStripeAlign - 1) / kStripeAlign * kStripeAlign);
+  int stripes = size == 0 ? 1 : static_cast<int>((size + stripe - 1) / stripe);
+  request->pendingStripes_ = stripes;
+  for (int k = 0; k < stripes; ++k) {
+    uint64_t offset = static_cast<uint64_t>(k) * stripe;
+    uint64_t length = size == 0 ? 0 : std::min(stripe, size - offset);
+    ibv_qp* qp = link_.qps().qp(static_cast<int>(nextQp_++ % static_cast<uint32_t>(qps)));
+    // The payload goes straight into the receiver's buffer; the SEND after it on the same QP arrives after it
+    // (RC ordering) and tells the receiver how many bytes landed where.
+    tcp::ChunkHeader header{};
+    header.recvId = destination.recvId;
+    header.slot = static_cast<uint8_t>(destination.slot);
+    header.messageSize = size;
+    header.offset = offset;
+    header.length = length;
+    ibv_sge headerSge{reinterpret_cast<uint64_t>(&header), sizeof(header), 0};
+    ibv_send_wr notice{};
+    notice.wr_id = reinterpret_cast<uint64_t>(request);
+    notice.sg_list = &headerSge;
+    notice.num_sge = 1;
+    notice.opcode = IBV_WR_SEND;
+    notice.send_flags = IBV_SEND_SIGNALED | IBV_SEND_INLINE;
+    ibv_sge dataSge{reinterpret_cast<uint64_t>(data + offset), static_cast<uint32_t>(length), lkey};
+    ibv_send_wr write{};
+    write.sg_list = &dataSge;
+    write.num_sge = 1;
+    write.opcode = IBV_WR_RDMA_WRITE;
+    write.wr.rdma.remote_addr = destination.address + offset;
+    write.wr.rdma.rkey = destination.rkey;
+    write.next = &notice;
+    ibv_send_wr* bad = nullptr;
+    if (int rc = ibv_post_send(qp, length > 0 ? &write : &notice, &bad); rc != 0) {
+      link_.control().recordFailure("ibv_post_send on QP " + std::to_string(qp->qp_num) + " failed: " + errnoText(rc));
+      return false;
+    }
+  }
+  return true;
+}
+
+ncclResult_t VerbsSendComm::isend(void* data, size_t size, int tag, MemoryRegion* mr, Request** request) noexcept {
+  *request = nullptr;
+  std::lock_guard<std::mutex> lock(mutex_);
+  tcp::Connection& control = link_.control();
+  if (control.failed() || !link_.ready()) return control.failed() ? control.reportFailure() : ncclSuccess;
+  pollCompletions();
+  std::optional<tcp::ClearToSendQueue::Destination> found = posted_.claim(tag);
+  if (!found) {
+    pumpControl();
+    if (control.failed()) return control.reportFailure();
+    found = posted_.claim(tag);
+    if (!found) return ncclSuccess;
+  }
+  if (size > found->capacity) {
+    tcp::FrameHeader oversize{static_cast<uint8_t>(tcp::FrameType::kOversize), static_cast<uint8_t>(found->slot), 0,
+                              found->recvId, size};
+    control.sendControl(&oversize, sizeof(oversize));
+    RN_WARN("NET/railnet: send of %zu bytes (tag %d) to %s is larger than the posted receive buffer of %lu bytes", size,
+            tag, control.peerName().c_str(), static_cast<unsigned long>(found->capacity));
+    return ncclInvalidUsage;
+  }
+  auto* region = dynamic_cast<VerbsRegion*>(mr);
+  if (region == nullptr && size > 0) {
+    RN_WARN("NET/railnet: isend of %zu bytes to %s without a verbs memory registration", size,
+            control.peerName().c_str());
+    return ncclInvalidUsage;
+  }
+  VerbsSendRequest* sendRequest = requests_.acquire();
+  if (sendRequest == nullptr) {
+    RN_WARN("NET/railnet: more than %zu sends in flight to %s", kSendRequests, control.peerName().c_str());
+    return ncclInternalError;
+  }
+  sendRequest->size_ = size;
+  if (!postStripes(sendRequest, static_cast<const char*>(data), region != nullptr ? region->lkey() : 0, size, *found)) {
+    requests_.release(sendRequest);
+    return control.reportFailure();
+  }
+  *request = sendRequest;
+  return ncclSuccess;
+}
+
+ncclResult_t VerbsSendComm::testRequest(VerbsSendRequest* request, int* done, int* sizes) noexcept {
+  *done = 0;
+  std::lock_guard<std::mutex> lock(mutex_);
+  pollCompletions();
+  if (request->pendingStripes_ == 0) {
+    *done = 1;
+    if (sizes != nullptr) *sizes = static_cast<int>(request->size_);
+    requests_.release(request);
+    return ncclSuccess;
+  }
+  // A receiver that died leaves its QPs retrying for seconds; its closed control socket says so at once.
+  if (!link_.control().failed()) pumpControl();
+  return link_.control().failed() ? link_.control().reportFailure() : ncclSuccess;
+}
+
+}  // namespace railnet::verbs

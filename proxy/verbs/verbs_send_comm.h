@@ -1,0 +1,54 @@
+// The sending end of a railnet verbs connection. Receiver-driven like the TCP transport: isend waits for the
+// receiver's clear-to-send, which names the buffer's address and rkey; the payload then goes by RDMA WRITE
+// straight into that buffer, striped over the connection's QPs, and each stripe ends with a small SEND that
+// carries a chunk header, so the receiver counts bytes exactly as with TCP chunks.
+#pragma once
+
+#include <mutex>
+
+#include "proxy/tcp/clear_to_send.h"
+#include "proxy/tcp/request_pool.h"
+#include "proxy/verbs/verbs_link.h"
+
+namespace railnet::verbs {
+
+class VerbsSendComm;
+
+class VerbsSendRequest final : public Request {
+ public:
+  ncclResult_t test(int* done, int* sizes) noexcept override;
+
+ private:
+  friend class VerbsSendComm;
+  VerbsSendComm* comm_ = nullptr;
+  int pendingStripes_ = 0;  // guarded by the comm's mutex
+  uint64_t size_ = 0;
+};
+
+class VerbsSendComm final : public SendComm {
+ public:
+  VerbsSendComm(std::shared_ptr<VerbsDevice> device, tcp::Fd control, const tcp::SocketAddress& peer,
+                const QpOptions& options);
+
+  std::unique_ptr<MemoryRegion> regMr(void* data, size_t size, int type) override;
+  std::unique_ptr<MemoryRegion> regMrDmaBuf(void* data, size_t size, int type, uint64_t offset, int fd) override;
+  ncclResult_t isend(void* data, size_t size, int tag, MemoryRegion* mr, Request** request) noexcept override;
+
+ private:
+  friend class VerbsSendRequest;
+  ncclResult_t testRequest(VerbsSendRequest* request, int* done, int* sizes) noexcept;
+  // Reads clear-to-sends (and end-of-stream) from the control socket. Caller holds mutex_.
+  void pumpControl();
+  // Takes finished work off the CQ. Caller holds mutex_.
+  void pollCompletions();
+  bool postStripes(VerbsSendRequest* request, const char* data, uint32_t lkey, uint64_t size,
+                   const tcp::ClearToSendQueue::Destination& destination);
+
+  std::mutex mutex_;
+  VerbsLink link_;
+  tcp::ClearToSendQueue posted_;                      // guarded by mutex_
+  tcp::RequestPool<VerbsSendRequest> requests_;       // guarded by mutex_
+  uint32_t nextQp_ = 0;
+};
+
+}  // namespace railnet::verbs
