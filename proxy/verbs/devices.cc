@@ -3,6 +3,8 @@
 #include <arpa/inet.h>
 #include <endian.h>
 
+#include <algorithm>
+#include <bit>
 #include <cerrno>
 #include <charconv>
 #include <climits>
@@ -10,6 +12,7 @@
 #include <cstring>
 #include <exception>
 #include <fstream>
+#include <iterator>
 #include <map>
 #include <memory>
 
@@ -21,29 +24,18 @@ namespace railnet::verbs {
 // ---- Pure parts ----------------------------------------------------------------------------------------------
 
 int portSpeedMbps(uint8_t activeWidth, uint32_t activeSpeed) {
-  int lanes = 0;
-  switch (activeWidth) {
-    case 1: lanes = 1; break;
-    case 2: lanes = 4; break;
-    case 4: lanes = 8; break;
-    case 8: lanes = 12; break;
-    case 16: lanes = 2; break;
-    default: return 0;
-  }
-  int laneMbps = 0;
-  switch (activeSpeed) {
-    case 1: laneMbps = 2500; break;     // SDR
-    case 2: laneMbps = 5000; break;     // DDR
-    case 4: laneMbps = 10000; break;    // QDR
-    case 8: laneMbps = 10000; break;    // FDR10 (10.3125 signalling, 64b/66b)
-    case 16: laneMbps = 14000; break;   // FDR
-    case 32: laneMbps = 25000; break;   // EDR
-    case 64: laneMbps = 50000; break;   // HDR
-    case 128: laneMbps = 100000; break; // NDR
-    case 256: laneMbps = 200000; break; // XDR (active_speed_ex only)
-    default: return 0;
-  }
-  return lanes * laneMbps;
+  // Indexed by the bit number of the code. Width bits: 1x, 4x, 8x, 12x, 2x.
+  static constexpr int kLanes[] = {1, 4, 8, 12, 2};
+  // Speed bits: SDR, DDR, QDR, FDR10 (10.3125 Gb/s at 64b/66b), FDR, EDR, HDR, NDR, XDR.
+  static constexpr int kLaneMbps[] = {2500, 5000, 10000, 10000, 14000, 25000, 50000, 100000, 200000};
+  auto bit = [](uint32_t code, size_t count) -> int {  // -1 unless exactly one known bit is set
+    if (code == 0 || (code & (code - 1)) != 0) return -1;
+    int n = std::countr_zero(code);
+    return static_cast<size_t>(n) < count ? n : -1;
+  };
+  int width = bit(activeWidth, std::size(kLanes));
+  int speed = bit(activeSpeed, std::size(kLaneMbps));
+  return width < 0 || speed < 0 ? 0 : kLanes[width] * kLaneMbps[speed];
 }
 
 namespace {
@@ -239,7 +231,7 @@ DiscoveryOptions DiscoveryOptions::fromSettings() {
 namespace {
 
 constexpr int kUnknownSpeedMbps = 10000;  // what NCCL assumes for a speed it cannot read
-constexpr int kMaxGidTableLength = 4096;   // bounds the scan should a driver report nonsense
+constexpr int kMaxGidTableLength = 4096;  // bounds the scan should a driver report nonsense
 
 uint64_t fallbackGuid(const std::string& device) {  // FNV-1a: stable across runs and processes
   uint64_t hash = 1469598103934665603ULL;
@@ -269,17 +261,18 @@ std::string describeAddress(const VerbsPort& port) {
 }
 
 // Fills port->gidIndex / port->gid; false (after a WARN) when the port cannot be addressed.
-bool chooseAddress(const IbvApi& api, ibv_context* context, const ibv_port_attr& attr,
-                   const DiscoveryOptions& options, VerbsPort* port) {
+bool chooseAddress(const IbvApi& api, ibv_context* context, const ibv_port_attr& attr, const DiscoveryOptions& options,
+                   VerbsPort* port) {
   std::string where = port->device + ":" + std::to_string(port->port);
   if (port->linkLayer == IBV_LINK_LAYER_ETHERNET) {
     std::vector<GidEntry> table = readGidTable(api, context, options.sysfsRoot, port->device, port->port,
                                                std::min(attr.gid_tbl_len, kMaxGidTableLength));
     port->gidIndex = selectGidIndex(table, options.family, options.gidIndex);
     if (port->gidIndex < 0) {
-      RN_WARN("NET/railnet: verbs device %s skipped: no usable RoCE v2 GID among %zu populated GIDs "
-              "(RAILNET_IB_ADDR_FAMILY=%s; RAILNET_IB_GID_INDEX forces one)",
-              where.c_str(), table.size(), options.family == AF_INET6 ? "AF_INET6" : "AF_INET");
+      RN_WARN(
+          "NET/railnet: verbs device %s skipped: no usable RoCE v2 GID among %zu populated GIDs "
+          "(RAILNET_IB_ADDR_FAMILY=%s; RAILNET_IB_GID_INDEX forces one)",
+          where.c_str(), table.size(), options.family == AF_INET6 ? "AF_INET6" : "AF_INET");
       return false;
     }
     if (options.gidIndex >= 0 && port->gidIndex != options.gidIndex) {
@@ -298,8 +291,8 @@ bool chooseAddress(const IbvApi& api, ibv_context* context, const ibv_port_attr&
       port->gidIndex = options.gidIndex;
     } else {
       port->gid = ibv_gid{};
-      RN_WARN("NET/railnet: RAILNET_IB_GID_INDEX=%d is not a populated GID of %s; using LID routing",
-              options.gidIndex, where.c_str());
+      RN_WARN("NET/railnet: RAILNET_IB_GID_INDEX=%d is not a populated GID of %s; using LID routing", options.gidIndex,
+              where.c_str());
     }
   }
   if (port->gidIndex < 0 && port->lid == 0) {
@@ -347,8 +340,8 @@ void probeDevice(const IbvApi& api, ibv_device* device, const HcaFilter& filter,
       continue;
     }
     if (attr.state != IBV_PORT_ACTIVE) {
-      RN_INFO(NCCL_INIT | NCCL_NET, "NET/railnet: verbs device %s:%d skipped: port not active (state %d)",
-              name.c_str(), portNumber, static_cast<int>(attr.state));
+      RN_INFO(NCCL_INIT | NCCL_NET, "NET/railnet: verbs device %s:%d skipped: port not active (state %d)", name.c_str(),
+              portNumber, static_cast<int>(attr.state));
       continue;
     }
     VerbsPort port;
@@ -357,8 +350,8 @@ void probeDevice(const IbvApi& api, ibv_device* device, const HcaFilter& filter,
     // Old drivers leave the link layer unspecified on InfiniBand ports (ibv_devinfo reads it the same way).
     port.linkLayer = attr.link_layer == IBV_LINK_LAYER_UNSPECIFIED ? int{IBV_LINK_LAYER_INFINIBAND} : attr.link_layer;
     if (port.linkLayer != IBV_LINK_LAYER_INFINIBAND && port.linkLayer != IBV_LINK_LAYER_ETHERNET) {
-      RN_INFO(NCCL_INIT | NCCL_NET, "NET/railnet: verbs device %s:%d skipped: link layer %d", name.c_str(),
-              portNumber, port.linkLayer);
+      RN_INFO(NCCL_INIT | NCCL_NET, "NET/railnet: verbs device %s:%d skipped: link layer %d", name.c_str(), portNumber,
+              port.linkLayer);
       continue;
     }
     port.lid = attr.lid;
@@ -369,8 +362,10 @@ void probeDevice(const IbvApi& api, ibv_device* device, const HcaFilter& filter,
     uint32_t speedCode = speedCodeOf(attr);
     int speed = portSpeedMbps(attr.active_width, speedCode);
     if (speed == 0) {
-      RN_INFO(NCCL_INIT | NCCL_NET, "NET/railnet: verbs device %s:%d has unknown width/speed codes %u/%u; "
-              "reporting %d Mbps", name.c_str(), portNumber, attr.active_width, speedCode, kUnknownSpeedMbps);
+      RN_INFO(NCCL_INIT | NCCL_NET,
+              "NET/railnet: verbs device %s:%d has unknown width/speed codes %u/%u; "
+              "reporting %d Mbps",
+              name.c_str(), portNumber, attr.active_width, speedCode, kUnknownSpeedMbps);
       speed = kUnknownSpeedMbps;
     }
     DeviceInfo& info = port.info;

@@ -60,9 +60,9 @@ struct GidEntry {
 };
 
 bool gidIsZero(const ibv_gid& gid);
-bool gidIsIpv4Mapped(const ibv_gid& gid);  // ::ffff:a.b.c.d
-bool gidIsLinkLocal(const ibv_gid& gid);   // fe80::/10
-std::string formatGid(const ibv_gid& gid); // inet_ntop form, e.g. "::ffff:10.0.0.1"
+bool gidIsIpv4Mapped(const ibv_gid& gid);   // ::ffff:a.b.c.d
+bool gidIsLinkLocal(const ibv_gid& gid);    // fe80::/10
+std::string formatGid(const ibv_gid& gid);  // inet_ntop form, e.g. "::ffff:10.0.0.1"
 
 // The GID a RoCE port uses. forcedIndex >= 0 (RAILNET_IB_GID_INDEX) wins when that slot is populated,
 // whatever its type. Otherwise: the first RoCE v2 GID of the wanted family (AF_INET: IPv4-mapped; AF_INET6:
@@ -89,9 +89,9 @@ struct VerbsPort {
 };
 
 struct DiscoveryOptions {
-  std::string hca;      // RAILNET_IB_HCA
-  int gidIndex = -1;    // RAILNET_IB_GID_INDEX
-  int family = AF_INET; // RAILNET_IB_ADDR_FAMILY
+  std::string hca;                                  // RAILNET_IB_HCA
+  int gidIndex = -1;                                // RAILNET_IB_GID_INDEX
+  int family = AF_INET;                             // RAILNET_IB_ADDR_FAMILY
   std::string sysfsRoot = "/sys/class/infiniband";  // tests point this at a fake tree
 
   static DiscoveryOptions fromSettings();  // the process-wide RAILNET_IB_* settings

@@ -103,8 +103,8 @@ Loaded load() {
   }
   // The handle is deliberately never closed: providers are loaded into it and contexts point into them.
   loaded.ok = true;
-  RN_INFO(NCCL_INIT | NCCL_NET, "NET/railnet: loaded %s (DMA-BUF registration %s)", libraryPath(handle).c_str(),
-          api.dmabufSupported() ? "available" : "unavailable");
+  RN_INFO(NCCL_INIT | NCCL_NET, "NET/railnet: loaded %s (ibv_reg_dmabuf_mr %s)", libraryPath(handle).c_str(),
+          api.dmabufSupported() ? "present" : "absent");
   return loaded;
 }
 

@@ -48,6 +48,8 @@ struct IbvApi {
   // only the compat prefix, so it can never write past our struct). Returns 0 or an errno-style value.
   int queryPort(ibv_context* context, uint8_t port, ibv_port_attr* attr) const;
 
+  // The library can register DMA-BUFs; the kernel and device may still refuse (NCCL probes with fd -1 and
+  // treats EOPNOTSUPP / EPROTONOSUPPORT as "no").
   bool dmabufSupported() const { return regDmabufMr != nullptr; }
 };
 
