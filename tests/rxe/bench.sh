@@ -33,7 +33,7 @@ for size in "${sizes[@]}"; do
   iterations=$(( size >= 1048576 ? 200 : 2000 ))
   echo "bw $size $(perftest ib_write_bw $((port++)) -s "$size" -n "$iterations" --report_gbits)" >> "$out/perftest"
 done
-for size in 8 4096; do
+for size in 256 4096; do
   echo "lat $size $(perftest ib_write_lat $((port++)) -s "$size" -n 2000)" >> "$out/perftest"
 done
 cat "$out/perftest"
@@ -67,7 +67,7 @@ for size in (4096, 65536, 1 << 20):
         print(f"| {size} | {r:.4f} | {p:.4f} | {r / p:.2f} |")
 print("\n| size | railnet verbs lat us | ib_write_lat t_typical us | lat ratio (goal <= 1.2) |")
 print("|---|---|---|---|")
-for size in (8, 4096):
+for size in (256, 4096):
     if ("lat", size) in perf and size in rail:
         r, p = rail[size][1], perf[("lat", size)]
         print(f"| {size} | {r:.1f} | {p:.1f} | {r / p:.2f} |")
