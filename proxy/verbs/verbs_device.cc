@@ -1,5 +1,7 @@
 #include "proxy/verbs/verbs_device.h"
 
+#include <unistd.h>
+
 #include <cerrno>
 
 #include "railnet/error.h"
@@ -7,7 +9,27 @@
 
 namespace railnet::verbs {
 
-VerbsDevice::VerbsDevice(const IbvApi& api, const VerbsPort& port) : api_(api), port_(port) {
+namespace {
+constexpr int kAccess = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ;
+}  // namespace
+
+VerbsDevice::VerbsDevice(const IbvApi& api, const VerbsPort& port)
+    : api_(api),
+      port_(port),
+      registrations_(
+          [this](void* start, size_t length) {
+            ibv_mr* mr = api_.regMr(pd_, start, length, kAccess);
+            if (mr == nullptr) {
+              int err = errno;
+              fail(ncclSystemError, "NET/railnet: ibv_reg_mr of %zu bytes at %p on %s failed: %s", length, start,
+                   port_.device.c_str(), errnoText(err).c_str());
+            }
+            return mr;
+          },
+          [this](ibv_mr* mr) {
+            if (api_.deregMr(mr) != 0) RN_WARN("NET/railnet: ibv_dereg_mr on %s failed", port_.device.c_str());
+          },
+          static_cast<size_t>(sysconf(_SC_PAGESIZE))) {
   context_ = openDeviceByName(api_, port_.device);
   if (context_ == nullptr) fail(ncclSystemError, "NET/railnet: cannot open RDMA device %s", port_.device.c_str());
   pd_ = api_.allocPd(context_);
@@ -19,6 +41,7 @@ VerbsDevice::VerbsDevice(const IbvApi& api, const VerbsPort& port) : api_(api), 
 }
 
 VerbsDevice::~VerbsDevice() {
+  registrations_.clear();
   api_.deallocPd(pd_);
   api_.closeDevice(context_);
 }
@@ -28,18 +51,7 @@ std::unique_ptr<MemoryRegion> VerbsDevice::registerMemory(void* data, size_t siz
     fail(ncclInvalidArgument, "NET/railnet: verbs registration of memory type %d is not supported yet (host only)",
          type);
   }
-  int access = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ;
-  ibv_mr* mr = api_.regMr(pd_, data, size, access);
-  if (mr == nullptr) {
-    int err = errno;
-    fail(ncclSystemError, "NET/railnet: ibv_reg_mr of %zu bytes at %p on %s failed: %s", size, data,
-         port_.device.c_str(), errnoText(err).c_str());
-  }
-  return std::make_unique<VerbsRegion>(api_, mr);
-}
-
-VerbsRegion::~VerbsRegion() {
-  if (api_.deregMr(mr_) != 0) RN_WARN("NET/railnet: ibv_dereg_mr failed");
+  return std::make_unique<VerbsRegion>(shared_from_this(), registrations_.acquire(data, size));
 }
 
 }  // namespace railnet::verbs

@@ -17,6 +17,8 @@ VerbsRecvComm::VerbsRecvComm(std::shared_ptr<VerbsDevice> device, tcp::Fd contro
   notices_.resize(static_cast<size_t>(qps) * kNoticesPerQp);
   noticeRegion_ = link_.device().registerMemory(notices_.data(), notices_.size() * sizeof(tcp::ChunkHeader),
                                                 NCCL_PTR_HOST);
+  ctsFrames_.resize(kRing * kClearToSendBytes);
+  ctsRegion_ = link_.device().registerMemory(ctsFrames_.data(), ctsFrames_.size(), NCCL_PTR_HOST);
   // Posted before the QPs reach RTR, so no notice can arrive without a buffer.
   for (int qp = 0; qp < qps; ++qp) {
     for (int i = 0; i < kNoticesPerQp; ++i) postNotice(qp, i);
@@ -45,6 +47,28 @@ void VerbsRecvComm::postNotice(int qpIndex, int bufferIndex) {
   if (int rc = ibv_post_recv(qp, &wr, &bad); rc != 0) {
     link_.control().recordFailure("ibv_post_recv on QP " + std::to_string(qp->qp_num) + " failed: " + errnoText(rc));
   }
+}
+
+bool VerbsRecvComm::sendClearToSend(uint32_t recvId, const void* frame, size_t size) {
+  // The frame's staging slot belongs to this receive-ring entry, so it is free again by the time the entry is.
+  char* staged = &ctsFrames_[(recvId % kRing) * kClearToSendBytes];
+  memcpy(staged, frame, size);
+  ibv_sge sge{reinterpret_cast<uint64_t>(staged), static_cast<uint32_t>(size),
+              static_cast<VerbsRegion*>(ctsRegion_.get())->lkey()};
+  ibv_send_wr wr{};
+  wr.wr_id = UINT64_MAX;  // tells pollCompletions this is ours, not a notice buffer
+  wr.sg_list = &sge;
+  wr.num_sge = 1;
+  wr.opcode = IBV_WR_SEND;
+  wr.send_flags = IBV_SEND_SIGNALED;
+  ibv_send_wr* bad = nullptr;
+  ibv_qp* qp = link_.qps().qp(0);
+  if (int rc = ibv_post_send(qp, &wr, &bad); rc != 0) {
+    link_.control().recordFailure("ibv_post_send of a clear-to-send on QP " + std::to_string(qp->qp_num) +
+                                  " failed: " + errnoText(rc));
+    return false;
+  }
+  return true;
 }
 
 void VerbsRecvComm::completeSlot(VerbsRecvRequest& request, int slot, uint64_t size) {
@@ -82,6 +106,7 @@ void VerbsRecvComm::pollCompletions() {
         link_.control().recordFailure(link_.describe(completion));
         continue;
       }
+      if (completion.opcode == IBV_WC_SEND) continue;  // a clear-to-send of ours went out
       size_t index = completion.wr_id;
       applyNotice(notices_[index]);
       postNotice(static_cast<int>(index / kNoticesPerQp), static_cast<int>(index % kNoticesPerQp));
@@ -158,7 +183,15 @@ ncclResult_t VerbsRecvComm::irecv(int n, void** data, const size_t* sizes, const
   entry.oversize_ = false;
   entry.inUse_ = true;
   entry.postedId_ = nextRecvId_++;
-  control.sendControl(&header, sizeof(header), entries, sizeof(tcp::ClearToSendEntry) * static_cast<size_t>(n));
+  char frame[kClearToSendBytes];
+  size_t entryBytes = sizeof(tcp::ClearToSendEntry) * static_cast<size_t>(n);
+  memcpy(frame, &header, sizeof(header));
+  memcpy(frame + sizeof(header), entries, entryBytes);
+  if (!sendClearToSend(header.recvId, frame, sizeof(header) + entryBytes)) {
+    entry.inUse_ = false;
+    entry.postedId_ = UINT32_MAX;
+    return control.reportFailure();
+  }
   *request = &entry;
   return ncclSuccess;
 }

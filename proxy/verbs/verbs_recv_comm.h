@@ -59,11 +59,16 @@ class VerbsRecvComm final : public RecvComm {
   void applyNotice(const tcp::ChunkHeader& header);
   void pumpControl();
   void completeSlot(VerbsRecvRequest& request, int slot, uint64_t size);
+  bool sendClearToSend(uint32_t recvId, const void* frame, size_t size);
 
   std::mutex mutex_;
-  VerbsLink link_;
+  // Declared before link_ so they outlive the QPs whose work requests point into them.
   std::vector<tcp::ChunkHeader> notices_;  // kNoticesPerQp per QP
   std::unique_ptr<MemoryRegion> noticeRegion_;
+  static constexpr size_t kClearToSendBytes = 256;
+  std::vector<char> ctsFrames_;  // one outgoing clear-to-send frame per receive-ring entry
+  std::unique_ptr<MemoryRegion> ctsRegion_;
+  VerbsLink link_;
   VerbsRecvRequest ring_[kRing];
   uint32_t nextRecvId_ = 0;
   bool controlClosed_ = false;

@@ -18,7 +18,25 @@ ncclResult_t VerbsSendRequest::test(int* done, int* sizes) noexcept { return com
 VerbsSendComm::VerbsSendComm(std::shared_ptr<VerbsDevice> device, tcp::Fd control, const tcp::SocketAddress& peer,
                              const QpOptions& options)
     : link_(std::move(device), std::move(control), peer, "send", options),
-      requests_(kSendRequests, [this](VerbsSendRequest& request) { request.comm_ = this; }) {}
+      requests_(kSendRequests, [this](VerbsSendRequest& request) { request.comm_ = this; }) {
+  ctsBuffers_.resize(kClearToSendBuffers * kClearToSendBytes);
+  ctsRegion_ = link_.device().registerMemory(ctsBuffers_.data(), ctsBuffers_.size(), NCCL_PTR_HOST);
+  // Posted before the QPs reach RTR, so no clear-to-send can arrive without a buffer.
+  for (size_t i = 0; i < kClearToSendBuffers; ++i) postClearToSendBuffer(i);
+}
+
+void VerbsSendComm::postClearToSendBuffer(size_t index) {
+  ibv_sge sge{reinterpret_cast<uint64_t>(&ctsBuffers_[index * kClearToSendBytes]), kClearToSendBytes,
+              static_cast<VerbsRegion*>(ctsRegion_.get())->lkey()};
+  ibv_recv_wr wr{};
+  wr.wr_id = index;
+  wr.sg_list = &sge;
+  wr.num_sge = 1;
+  ibv_recv_wr* bad = nullptr;
+  if (int rc = ibv_post_recv(link_.qps().qp(0), &wr, &bad); rc != 0) {
+    link_.control().recordFailure("ibv_post_recv of a clear-to-send buffer failed: " + errnoText(rc));
+  }
+}
 
 std::unique_ptr<MemoryRegion> VerbsSendComm::regMr(void* data, size_t size, int type) {
   return link_.device().registerMemory(data, size, type);
@@ -32,24 +50,13 @@ std::unique_ptr<MemoryRegion> VerbsSendComm::regMrDmaBuf(void*, size_t, int type
 void VerbsSendComm::pumpControl() {
   tcp::Connection& control = link_.control();
   if (!control.flushControl()) return;
-  for (;;) {
-    ssize_t got = control.readControl();
-    if (got == tcp::kEndOfStream) {
-      control.recordFailure("the receiver closed the connection");
-      return;
-    }
-    if (got < 0) {
-      control.recordFailure("control connection: " + errnoText(static_cast<int>(-got)));
-      return;
-    }
-    std::string why;
-    long used = posted_.parse(control.controlData(), control.controlSize(), &why);
-    if (used < 0) {
-      control.recordFailure(why);
-      return;
-    }
-    control.consumeControl(static_cast<size_t>(used));
-    if (got == 0 || !control.controlMayHaveMore()) return;
+  ssize_t got = control.readControl();
+  if (got == tcp::kEndOfStream) {
+    control.recordFailure("the receiver closed the connection");
+  } else if (got < 0) {
+    control.recordFailure("control connection: " + errnoText(static_cast<int>(-got)));
+  } else if (control.controlSize() > 0) {
+    control.recordFailure("protocol error: unexpected bytes on the control connection");
   }
 }
 
@@ -67,7 +74,18 @@ void VerbsSendComm::pollCompletions() {
         link_.control().recordFailure(link_.describe(completion));
         continue;
       }
-      if (completion.wr_id != 0) --reinterpret_cast<VerbsSendRequest*>(completion.wr_id)->pendingStripes_;
+      if (completion.opcode == IBV_WC_RECV) {
+        // A clear-to-send frame from the receiver.
+        size_t index = completion.wr_id;
+        std::string why;
+        long used = posted_.parse(&ctsBuffers_[index * kClearToSendBytes], completion.byte_len, &why);
+        if (used != static_cast<long>(completion.byte_len)) {
+          link_.control().recordFailure(used < 0 ? why : "protocol error: a partial clear-to-send frame");
+        }
+        postClearToSendBuffer(index);
+      } else if (completion.wr_id != 0) {
+        --reinterpret_cast<VerbsSendRequest*>(completion.wr_id)->pendingStripes_;
+      }
     }
     if (count < 32) return;
   }
@@ -124,10 +142,10 @@ ncclResult_t VerbsSendComm::isend(void* data, size_t size, int tag, MemoryRegion
   pollCompletions();
   std::optional<tcp::ClearToSendQueue::Destination> found = posted_.claim(tag);
   if (!found) {
+    // Clear-to-sends come by RDMA; the control socket only says whether the receiver is still there.
     pumpControl();
     if (control.failed()) return control.reportFailure();
-    found = posted_.claim(tag);
-    if (!found) return ncclSuccess;
+    return ncclSuccess;
   }
   if (size > found->capacity) {
     tcp::FrameHeader oversize{static_cast<uint8_t>(tcp::FrameType::kOversize), static_cast<uint8_t>(found->slot), 0,

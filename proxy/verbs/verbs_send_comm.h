@@ -5,6 +5,7 @@
 #pragma once
 
 #include <mutex>
+#include <vector>
 
 #include "proxy/tcp/clear_to_send.h"
 #include "proxy/tcp/request_pool.h"
@@ -44,7 +45,14 @@ class VerbsSendComm final : public SendComm {
   bool postStripes(VerbsSendRequest* request, const char* data, uint32_t lkey, uint64_t size,
                    const tcp::ClearToSendQueue::Destination& destination);
 
+  // Clear-to-send frames arrive by RDMA SEND on QP 0 into these buffers (kept alive past the QPs).
+  static constexpr int kClearToSendBuffers = 2 * NCCL_NET_MAX_REQUESTS;
+  static constexpr size_t kClearToSendBytes = 256;  // a frame with 8 entries is 208 bytes
+  void postClearToSendBuffer(size_t index);
+
   std::mutex mutex_;
+  std::vector<char> ctsBuffers_;
+  std::unique_ptr<MemoryRegion> ctsRegion_;
   VerbsLink link_;
   tcp::ClearToSendQueue posted_;                      // guarded by mutex_
   tcp::RequestPool<VerbsSendRequest> requests_;       // guarded by mutex_
