@@ -40,7 +40,7 @@ QueuePairs::QueuePairs(std::shared_ptr<VerbsDevice> device, const QpOptions& opt
     init.qp_type = IBV_QPT_RC;
     init.cap.max_send_wr = static_cast<uint32_t>(options_.sendDepth);
     init.cap.max_recv_wr = static_cast<uint32_t>(options_.recvDepth);
-    init.cap.max_send_sge = 1;
+    init.cap.max_send_sge = 2;  // small messages: header + payload in one SEND
     init.cap.max_recv_sge = 1;
     init.cap.max_inline_data = 64;
     ibv_qp* qp = api.createQp(device_->pd(), &init);

@@ -15,8 +15,7 @@ VerbsRecvComm::VerbsRecvComm(std::shared_ptr<VerbsDevice> device, tcp::Fd contro
   for (VerbsRecvRequest& entry : ring_) entry.comm_ = this;
   int qps = link_.qps().count();
   notices_.resize(static_cast<size_t>(qps) * kNoticesPerQp);
-  noticeRegion_ = link_.device().registerMemory(notices_.data(), notices_.size() * sizeof(tcp::ChunkHeader),
-                                                NCCL_PTR_HOST);
+  noticeRegion_ = link_.device().registerMemory(notices_.data(), notices_.size() * sizeof(Notice), NCCL_PTR_HOST);
   ctsFrames_.resize(kRing * kClearToSendBytes);
   ctsRegion_ = link_.device().registerMemory(ctsFrames_.data(), ctsFrames_.size(), NCCL_PTR_HOST);
   // Posted before the QPs reach RTR, so no notice can arrive without a buffer.
@@ -36,7 +35,7 @@ std::unique_ptr<MemoryRegion> VerbsRecvComm::regMrDmaBuf(void*, size_t, int type
 
 void VerbsRecvComm::postNotice(int qpIndex, int bufferIndex) {
   size_t index = static_cast<size_t>(qpIndex) * kNoticesPerQp + static_cast<size_t>(bufferIndex);
-  ibv_sge sge{reinterpret_cast<uint64_t>(&notices_[index]), sizeof(tcp::ChunkHeader),
+  ibv_sge sge{reinterpret_cast<uint64_t>(&notices_[index]), sizeof(Notice),
               static_cast<VerbsRegion*>(noticeRegion_.get())->lkey()};
   ibv_recv_wr wr{};
   wr.wr_id = index;
@@ -76,7 +75,8 @@ void VerbsRecvComm::completeSlot(VerbsRecvRequest& request, int slot, uint64_t s
   --request.pendingSlots_;
 }
 
-void VerbsRecvComm::applyNotice(const tcp::ChunkHeader& header) {
+void VerbsRecvComm::applyNotice(const Notice& notice, uint32_t bytes) {
+  const tcp::ChunkHeader& header = notice.header;
   VerbsRecvRequest& request = ring_[header.recvId % kRing];
   if (request.postedId_ != header.recvId || header.slot >= request.count_) {
     link_.control().recordFailure("protocol error: a notice for receive " + std::to_string(header.recvId) +
@@ -87,6 +87,14 @@ void VerbsRecvComm::applyNotice(const tcp::ChunkHeader& header) {
   if (header.messageSize > slot.capacity || header.offset + header.length > header.messageSize) {
     link_.control().recordFailure("protocol error: a notice outside the posted buffer");
     return;
+  }
+  if (carriesPayload(header)) {
+    // A small message came inside its notice instead of by RDMA WRITE.
+    if (header.length > kEagerBytes || bytes != sizeof(tcp::ChunkHeader) + header.length) {
+      link_.control().recordFailure("protocol error: a notice with a malformed payload");
+      return;
+    }
+    memcpy(slot.data + header.offset, notice.payload, header.length);
   }
   slot.received += header.length;
   if (slot.received == header.messageSize) completeSlot(request, header.slot, header.messageSize);
@@ -108,7 +116,7 @@ void VerbsRecvComm::pollCompletions() {
       }
       if (completion.opcode == IBV_WC_SEND) continue;  // a clear-to-send of ours went out
       size_t index = completion.wr_id;
-      applyNotice(notices_[index]);
+      applyNotice(notices_[index], completion.byte_len);
       postNotice(static_cast<int>(index / kNoticesPerQp), static_cast<int>(index % kNoticesPerQp));
     }
     if (count < 32) return;

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "proxy/tcp/wire.h"
+#include "proxy/verbs/notice.h"
 #include "proxy/verbs/verbs_link.h"
 
 namespace railnet::verbs {
@@ -56,14 +57,14 @@ class VerbsRecvComm final : public RecvComm {
   ncclResult_t testRequest(VerbsRecvRequest* request, int* done, int* sizes) noexcept;
   void postNotice(int qpIndex, int bufferIndex);
   void pollCompletions();
-  void applyNotice(const tcp::ChunkHeader& header);
+  void applyNotice(const Notice& notice, uint32_t bytes);
   void pumpControl();
   void completeSlot(VerbsRecvRequest& request, int slot, uint64_t size);
   bool sendClearToSend(uint32_t recvId, const void* frame, size_t size);
 
   std::mutex mutex_;
   // Declared before link_ so they outlive the QPs whose work requests point into them.
-  std::vector<tcp::ChunkHeader> notices_;  // kNoticesPerQp per QP
+  std::vector<Notice> notices_;  // kNoticesPerQp per QP
   std::unique_ptr<MemoryRegion> noticeRegion_;
   static constexpr size_t kClearToSendBytes = 256;
   std::vector<char> ctsFrames_;  // one outgoing clear-to-send frame per receive-ring entry

@@ -19,6 +19,10 @@ VerbsSendComm::VerbsSendComm(std::shared_ptr<VerbsDevice> device, tcp::Fd contro
                              const QpOptions& options)
     : link_(std::move(device), std::move(control), peer, "send", options),
       requests_(kSendRequests, [this](VerbsSendRequest& request) { request.comm_ = this; }) {
+  eagerHeaders_.resize(kSendRequests);
+  for (int i = static_cast<int>(kSendRequests) - 1; i >= 0; --i) freeEagerSlots_.push_back(i);
+  eagerRegion_ = link_.device().registerMemory(eagerHeaders_.data(), eagerHeaders_.size() * sizeof(tcp::ChunkHeader),
+                                               NCCL_PTR_HOST);
   ctsBuffers_.resize(kClearToSendBuffers * kClearToSendBytes);
   ctsRegion_ = link_.device().registerMemory(ctsBuffers_.data(), ctsBuffers_.size(), NCCL_PTR_HOST);
   // Posted before the QPs reach RTR, so no clear-to-send can arrive without a buffer.
@@ -84,11 +88,48 @@ void VerbsSendComm::pollCompletions() {
         }
         postClearToSendBuffer(index);
       } else if (completion.wr_id != 0) {
-        --reinterpret_cast<VerbsSendRequest*>(completion.wr_id)->pendingStripes_;
+        auto* request = reinterpret_cast<VerbsSendRequest*>(completion.wr_id);
+        if (--request->pendingStripes_ == 0 && request->eagerSlot_ >= 0) {
+          freeEagerSlots_.push_back(request->eagerSlot_);
+          request->eagerSlot_ = -1;
+        }
       }
     }
     if (count < 32) return;
   }
+}
+
+bool VerbsSendComm::postEager(VerbsSendRequest* request, const char* data, uint32_t lkey, uint64_t size,
+                              const tcp::ClearToSendQueue::Destination& destination) {
+  int slot = freeEagerSlots_.back();
+  freeEagerSlots_.pop_back();
+  tcp::ChunkHeader& header = eagerHeaders_[static_cast<size_t>(slot)];
+  header = {};
+  header.recvId = destination.recvId;
+  header.slot = static_cast<uint8_t>(destination.slot);
+  header.reserved[0] = kPayloadFollows;
+  header.messageSize = size;
+  header.length = size;
+  ibv_sge sges[2] = {{reinterpret_cast<uint64_t>(&header), sizeof(header),
+                      static_cast<VerbsRegion*>(eagerRegion_.get())->lkey()},
+                     {reinterpret_cast<uint64_t>(data), static_cast<uint32_t>(size), lkey}};
+  ibv_send_wr wr{};
+  wr.wr_id = reinterpret_cast<uint64_t>(request);
+  wr.sg_list = sges;
+  wr.num_sge = 2;
+  wr.opcode = IBV_WR_SEND;
+  wr.send_flags = IBV_SEND_SIGNALED;
+  request->pendingStripes_ = 1;
+  request->eagerSlot_ = slot;
+  ibv_send_wr* bad = nullptr;
+  ibv_qp* qp = link_.qps().qp(static_cast<int>(nextQp_++ % static_cast<uint32_t>(link_.qps().count())));
+  if (int rc = ibv_post_send(qp, &wr, &bad); rc != 0) {
+    freeEagerSlots_.push_back(slot);
+    request->eagerSlot_ = -1;
+    link_.control().recordFailure("ibv_post_send on QP " + std::to_string(qp->qp_num) + " failed: " + errnoText(rc));
+    return false;
+  }
+  return true;
 }
 
 bool VerbsSendComm::postStripes(VerbsSendRequest* request, const char* data, uint32_t lkey, uint64_t size,
@@ -167,7 +208,12 @@ ncclResult_t VerbsSendComm::isend(void* data, size_t size, int tag, MemoryRegion
     return ncclInternalError;
   }
   sendRequest->size_ = size;
-  if (!postStripes(sendRequest, static_cast<const char*>(data), region != nullptr ? region->lkey() : 0, size, *found)) {
+  const char* bytes = static_cast<const char*>(data);
+  uint32_t lkey = region != nullptr ? region->lkey() : 0;
+  bool posted = size > 0 && size <= kEagerBytes && !freeEagerSlots_.empty()
+                    ? postEager(sendRequest, bytes, lkey, size, *found)
+                    : postStripes(sendRequest, bytes, lkey, size, *found);
+  if (!posted) {
     requests_.release(sendRequest);
     return control.reportFailure();
   }

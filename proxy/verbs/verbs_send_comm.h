@@ -9,6 +9,7 @@
 
 #include "proxy/tcp/clear_to_send.h"
 #include "proxy/tcp/request_pool.h"
+#include "proxy/verbs/notice.h"
 #include "proxy/verbs/verbs_link.h"
 
 namespace railnet::verbs {
@@ -24,6 +25,7 @@ class VerbsSendRequest final : public Request {
   VerbsSendComm* comm_ = nullptr;
   int pendingStripes_ = 0;  // guarded by the comm's mutex
   uint64_t size_ = 0;
+  int eagerSlot_ = -1;  // the header slot a small message's SEND reads from, until it completes
 };
 
 class VerbsSendComm final : public SendComm {
@@ -44,6 +46,9 @@ class VerbsSendComm final : public SendComm {
   void pollCompletions();
   bool postStripes(VerbsSendRequest* request, const char* data, uint32_t lkey, uint64_t size,
                    const tcp::ClearToSendQueue::Destination& destination);
+  // A message of at most kEagerBytes as one SEND: header from a registered slot, payload from the user buffer.
+  bool postEager(VerbsSendRequest* request, const char* data, uint32_t lkey, uint64_t size,
+                 const tcp::ClearToSendQueue::Destination& destination);
 
   // Clear-to-send frames arrive by RDMA SEND on QP 0 into these buffers (kept alive past the QPs).
   static constexpr int kClearToSendBuffers = 2 * NCCL_NET_MAX_REQUESTS;
@@ -51,8 +56,11 @@ class VerbsSendComm final : public SendComm {
   void postClearToSendBuffer(size_t index);
 
   std::mutex mutex_;
+  std::vector<tcp::ChunkHeader> eagerHeaders_;  // one per send request that may be in flight
+  std::vector<int> freeEagerSlots_;             // guarded by mutex_
   std::vector<char> ctsBuffers_;
   std::unique_ptr<MemoryRegion> ctsRegion_;
+  std::unique_ptr<MemoryRegion> eagerRegion_;
   VerbsLink link_;
   tcp::ClearToSendQueue posted_;                      // guarded by mutex_
   tcp::RequestPool<VerbsSendRequest> requests_;       // guarded by mutex_

@@ -85,6 +85,9 @@ sq() { printf "'%s'" "$(printf '%s' "$1" | sed "s/'/'\\\\''/g")"; }   # single-q
 # Read-write exports: the cwd (unless --ro-cwd) and --rw dirs, parents before children.
 rw_list=()
 [ "$ro_cwd" = 1 ] || rw_list+=("$cwd")
+# The repository holding this rig (its scripts and build trees) must be visible in the guest even when it
+# lives under /tmp, which the guest mounts as its own tmpfs (CI clones may sit there).
+rw_list+=("$(cd "$script_dir/../.." && pwd -P)")
 for d in "${rw_dirs[@]}"; do
   d=$(cd "$d" && pwd -P) || die "no directory $d"
   rw_list+=("$d")
