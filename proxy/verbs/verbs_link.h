@@ -27,6 +27,27 @@ class VerbsLink {
   // Names a failed work completion for the failure record: QP, opcode, status, vendor error.
   std::string describe(const ibv_wc& completion) const;
 
+  // Takes every finished work request off the CQ: failures are recorded, successes go to onSuccess.
+  template <class OnSuccess>
+  void drainCompletions(OnSuccess&& onSuccess) {
+    ibv_wc completions[32];
+    for (;;) {
+      int count = ibv_poll_cq(qps_.cq(), 32, completions);
+      if (count < 0) {
+        control_.recordFailure("ibv_poll_cq failed");
+        return;
+      }
+      for (int i = 0; i < count; ++i) {
+        if (completions[i].status == IBV_WC_SUCCESS) {
+          onSuccess(completions[i]);
+        } else {
+          control_.recordFailure(describe(completions[i]));
+        }
+      }
+      if (count < 32) return;
+    }
+  }
+
  private:
   std::shared_ptr<VerbsDevice> device_;
   tcp::Connection control_;

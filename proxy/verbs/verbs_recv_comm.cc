@@ -101,26 +101,12 @@ void VerbsRecvComm::applyNotice(const Notice& notice, uint32_t bytes) {
 }
 
 void VerbsRecvComm::pollCompletions() {
-  ibv_wc completions[32];
-  for (;;) {
-    int count = ibv_poll_cq(link_.qps().cq(), 32, completions);
-    if (count < 0) {
-      link_.control().recordFailure("ibv_poll_cq failed");
-      return;
-    }
-    for (int i = 0; i < count; ++i) {
-      const ibv_wc& completion = completions[i];
-      if (completion.status != IBV_WC_SUCCESS) {
-        link_.control().recordFailure(link_.describe(completion));
-        continue;
-      }
-      if (completion.opcode == IBV_WC_SEND) continue;  // a clear-to-send of ours went out
-      size_t index = completion.wr_id;
-      applyNotice(notices_[index], completion.byte_len);
-      postNotice(static_cast<int>(index / kNoticesPerQp), static_cast<int>(index % kNoticesPerQp));
-    }
-    if (count < 32) return;
-  }
+  link_.drainCompletions([&](const ibv_wc& completion) {
+    if (completion.opcode == IBV_WC_SEND) return;  // a clear-to-send of ours went out
+    size_t index = completion.wr_id;
+    applyNotice(notices_[index], completion.byte_len);
+    postNotice(static_cast<int>(index / kNoticesPerQp), static_cast<int>(index % kNoticesPerQp));
+  });
 }
 
 void VerbsRecvComm::pumpControl() {

@@ -65,38 +65,24 @@ void VerbsSendComm::pumpControl() {
 }
 
 void VerbsSendComm::pollCompletions() {
-  ibv_wc completions[32];
-  for (;;) {
-    int count = ibv_poll_cq(link_.qps().cq(), 32, completions);
-    if (count < 0) {
-      link_.control().recordFailure("ibv_poll_cq failed");
-      return;
-    }
-    for (int i = 0; i < count; ++i) {
-      const ibv_wc& completion = completions[i];
-      if (completion.status != IBV_WC_SUCCESS) {
-        link_.control().recordFailure(link_.describe(completion));
-        continue;
+  link_.drainCompletions([&](const ibv_wc& completion) {
+    if (completion.opcode == IBV_WC_RECV) {
+      // A clear-to-send frame from the receiver.
+      size_t index = completion.wr_id;
+      std::string why;
+      long used = posted_.parse(&ctsBuffers_[index * kClearToSendBytes], completion.byte_len, &why);
+      if (used != static_cast<long>(completion.byte_len)) {
+        link_.control().recordFailure(used < 0 ? why : "protocol error: a partial clear-to-send frame");
       }
-      if (completion.opcode == IBV_WC_RECV) {
-        // A clear-to-send frame from the receiver.
-        size_t index = completion.wr_id;
-        std::string why;
-        long used = posted_.parse(&ctsBuffers_[index * kClearToSendBytes], completion.byte_len, &why);
-        if (used != static_cast<long>(completion.byte_len)) {
-          link_.control().recordFailure(used < 0 ? why : "protocol error: a partial clear-to-send frame");
-        }
-        postClearToSendBuffer(index);
-      } else if (completion.wr_id != 0) {
-        auto* request = reinterpret_cast<VerbsSendRequest*>(completion.wr_id);
-        if (--request->pendingStripes_ == 0 && request->eagerSlot_ >= 0) {
-          freeEagerSlots_.push_back(request->eagerSlot_);
-          request->eagerSlot_ = -1;
-        }
+      postClearToSendBuffer(index);
+    } else if (completion.wr_id != 0) {
+      auto* request = reinterpret_cast<VerbsSendRequest*>(completion.wr_id);
+      if (--request->pendingStripes_ == 0 && request->eagerSlot_ >= 0) {
+        freeEagerSlots_.push_back(request->eagerSlot_);
+        request->eagerSlot_ = -1;
       }
     }
-    if (count < 32) return;
-  }
+  });
 }
 
 bool VerbsSendComm::postEager(VerbsSendRequest* request, const char* data, uint32_t lkey, uint64_t size,
