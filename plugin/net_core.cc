@@ -1,11 +1,15 @@
 #include "plugin/net_core.h"
 
+#include <algorithm>
 #include <mutex>
+#include <string>
+#include <vector>
 
 #include "plugin/guard.h"
 #include "proxy/tcp/tcp_transport.h"
 #include "proxy/verbs/verbs_transport.h"
 #include "railnet/settings.h"
+#include "topo/placement.h"
 
 namespace railnet::net {
 namespace {
@@ -34,6 +38,23 @@ Transport& transport() {
   Transport* current = state().transport.get();
   if (current == nullptr) fail(ncclInvalidUsage, "NET/railnet: called before init");
   return *current;
+}
+
+// Each device's PCI path and rail from the topology, and an NCCL topology file for rail devices without a PCI
+// function (topo/placement.h, docs/topology.md). Transports hand out DeviceInfo by const reference; this is its
+// one writer, at init under the plugin mutex before NCCL has seen a device (the objects are not const).
+void placeDevices(Transport& chosen) {
+  std::vector<topo::NetDevice> devices;
+  for (int dev = 0; dev < chosen.deviceCount(); ++dev) {
+    const DeviceInfo& info = chosen.device(dev);
+    devices.push_back({info.name, info.pciPath, info.railId, -1});
+  }
+  topo::Placement placement = topo::placeNetDevices(devices);
+  for (int dev = 0; dev < chosen.deviceCount() && static_cast<size_t>(dev) < placement.devices.size(); ++dev) {
+    DeviceInfo& info = const_cast<DeviceInfo&>(chosen.device(dev));
+    info.pciPath = placement.devices[static_cast<size_t>(dev)].pciPath;
+    info.railId = placement.devices[static_cast<size_t>(dev)].railId;
+  }
 }
 
 void logStartup(int abiVersion, const Transport& chosen) {
@@ -75,7 +96,9 @@ ncclResult_t init(int abiVersion, ncclDebugLogger_t logger, void** ctx, uint64_t
     std::lock_guard<std::mutex> lock(plugin.mutex);
     if (!plugin.transport) {
       settings();  // read and validate RAILNET_* once, logging bad values now
-      plugin.transport = chooseTransport();
+      std::unique_ptr<Transport> chosen = chooseTransport();
+      placeDevices(*chosen);  // may throw (bad RAILNET_RAILS / RAILNET_TOPO_XML): init fails, and a retry redoes it
+      plugin.transport = std::move(chosen);
       plugin.abiVersion = abiVersion;
       logStartup(abiVersion, *plugin.transport);
     }
@@ -95,6 +118,16 @@ ncclResult_t finalize(void* ctx) {
     --state().contexts;
     return ncclSuccess;
   });
+}
+
+bool deviceSummary(int* count, int* totalSpeedMbps) noexcept {
+  PluginState& plugin = state();
+  std::lock_guard<std::mutex> lock(plugin.mutex);
+  if (!plugin.transport) return false;
+  *count = plugin.transport->deviceCount();
+  *totalSpeedMbps = 0;
+  for (int dev = 0; dev < *count; ++dev) *totalSpeedMbps += plugin.transport->device(dev).speedMbps;
+  return true;
 }
 
 ncclResult_t devices(int* ndev) {
@@ -229,6 +262,47 @@ ncclResult_t setNetAttr(void* /*ctx*/, const ncclNetAttr_v12_t* attr) {
     if (attr != nullptr) {
       RN_TRACE(NCCL_NET, "NET/railnet: setNetAttr op 0x%x algo 0x%x proto 0x%x", attr->op, attr->algo, attr->proto);
     }
+    return ncclSuccess;
+  });
+}
+
+ncclResult_t makeVDevice(int* d, int ndevs, const int* devs, int maxDevs) {
+  return guarded("makeVDevice", [&] {
+    if (d == nullptr || devs == nullptr) fail(ncclInvalidArgument, "NET/railnet: makeVDevice with NULL arguments");
+    if (ndevs < 1 || ndevs > maxDevs) {
+      fail(ncclInvalidArgument, "NET/railnet: makeVDevice of %d devices; this ABI version fuses 1 to %d", ndevs,
+           maxDevs);
+    }
+    Transport& chosen = transport();
+    std::lock_guard<std::mutex> lock(state().mutex);  // one fusion at a time; device() stays valid meanwhile
+    std::vector<int> children(devs, devs + ndevs);
+    std::string names;
+    for (size_t i = 0; i < children.size(); ++i) {
+      const int child = children[i];
+      if (child < 0 || child >= chosen.deviceCount()) {
+        fail(ncclInvalidArgument, "NET/railnet: makeVDevice: device %d does not exist (railnet %s has %d)", child,
+             chosen.name(), chosen.deviceCount());
+      }
+      if (!chosen.device(child).children.empty()) {
+        fail(ncclInvalidArgument, "NET/railnet: makeVDevice: device %d (%s) is itself virtual; fuse physical devices",
+             child, chosen.device(child).name.c_str());
+      }
+      if (std::find(children.begin(), children.begin() + static_cast<long>(i), child) !=
+          children.begin() + static_cast<long>(i)) {
+        fail(ncclInvalidArgument, "NET/railnet: makeVDevice: device %d listed twice", child);
+      }
+      if (chosen.device(child).speedMbps != chosen.device(children[0]).speedMbps) {
+        RN_WARN("NET/railnet: makeVDevice: fusing devices of different speeds (%s %d Mb/s, %s %d Mb/s); the "
+                "stripes are equal, so the slower one paces large messages",
+                chosen.device(children[0]).name.c_str(), chosen.device(children[0]).speedMbps,
+                chosen.device(child).name.c_str(), chosen.device(child).speedMbps);
+      }
+    }
+    const int index = chosen.makeVirtualDevice(children);
+    const DeviceInfo& fused = chosen.device(index);
+    RN_INFO(NCCL_INIT | NCCL_NET, "NET/railnet: virtual device %d = %s (%d children, %d Gb/s)", index,
+            fused.name.c_str(), ndevs, fused.speedMbps / 1000);
+    *d = index;
     return ncclSuccess;
   });
 }

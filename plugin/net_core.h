@@ -29,6 +29,21 @@ ncclResult_t closeSend(void* sendComm);
 ncclResult_t closeRecv(void* recvComm);
 ncclResult_t closeListen(void* listenComm);
 ncclResult_t setNetAttr(void* ctx, const ncclNetAttr_v12_t* attr);
+// NIC fusion: a virtual device over devs[0..ndevs) (physical, distinct, 1..maxDevs, maxDevs being the ABI's
+// vProps capacity: 4 before v12, 8 in v12). Sets *d to its index, after every existing device.
+ncclResult_t makeVDevice(int* d, int ndevs, const int* devs, int maxDevs);
+
+// Any version's makeVDevice entry point; the props struct's devs[] size is the ABI's limit.
+template <class VProps>
+ncclResult_t makeVDeviceFor(int* d, VProps* props) {
+  if (props == nullptr) return makeVDevice(d, -1, nullptr, 0);
+  constexpr int kMax = static_cast<int>(sizeof(props->devs) / sizeof(props->devs[0]));
+  return makeVDevice(d, props->ndevs, props->devs, kMax);
+}
+
+// Read-only, for the tuner in the same .so: how many devices the transport has and their summed speed.
+// false (and no log) before the first init.
+bool deviceSummary(int* count, int* totalSpeedMbps) noexcept;
 
 // Fills any version's property struct from a device; fields a version lacks are skipped.
 template <class Properties>
@@ -51,8 +66,16 @@ ncclResult_t getProperties(int dev, Properties* props) {
   props->netDeviceVersion = 0;
   if constexpr (requires { props->forceFlush; }) props->forceFlush = info->forceFlush ? 1 : 0;
   if constexpr (requires { props->vProps; }) {
-    props->vProps.ndevs = 1;
-    props->vProps.devs[0] = dev;
+    constexpr size_t kMax = sizeof(props->vProps.devs) / sizeof(props->vProps.devs[0]);
+    if (info->children.empty()) {
+      props->vProps.ndevs = 1;
+      props->vProps.devs[0] = dev;
+    } else {
+      // makeVDevice of this ABI version never accepts more children than its vProps holds.
+      const size_t n = info->children.size() < kMax ? info->children.size() : kMax;
+      props->vProps.ndevs = static_cast<int>(n);
+      for (size_t i = 0; i < n; ++i) props->vProps.devs[i] = info->children[i];
+    }
   }
   if constexpr (requires { props->maxP2pBytes; }) {
     props->maxP2pBytes = info->maxP2pBytes;

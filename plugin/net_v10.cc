@@ -28,6 +28,6 @@ extern "C" {
 __attribute__((visibility("default"))) ncclNet_v10_t ncclNetPlugin_v10 = {
     "railnet", initV10, devices, getProperties<ncclNetProperties_v10_t>, listen, connectV10, accept, regMr,
     regMrDmaBuf, deregMr, isendV10, irecvV10, iflush, test, closeSend, closeRecv, closeListen,
-    /*getDeviceMr=*/nullptr, /*irecvConsumed=*/nullptr, /*makeVDevice=*/nullptr,
+    /*getDeviceMr=*/nullptr, /*irecvConsumed=*/nullptr, makeVDeviceFor<ncclNetVDeviceProps_v10_t>,
 };
 }  // extern "C"

@@ -34,6 +34,7 @@ extern "C" {
 __attribute__((visibility("default"))) ncclNet_v11_t ncclNetPlugin_v11 = {
     "railnet", initV11, devices, getProperties<ncclNetProperties_v11_t>, listenV11, connectV11, accept, regMr,
     regMrDmaBuf, deregMr, isendV11, irecvV11, iflush, test, closeSend, closeRecv, closeListen,
-    /*getDeviceMr=*/nullptr, /*irecvConsumed=*/nullptr, /*makeVDevice=*/nullptr, finalize, setNetAttrV11,
+    /*getDeviceMr=*/nullptr, /*irecvConsumed=*/nullptr, makeVDeviceFor<ncclNetVDeviceProps_v11_t>, finalize,
+    setNetAttrV11,
 };
 }  // extern "C"

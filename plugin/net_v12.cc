@@ -30,6 +30,7 @@ extern "C" {
 __attribute__((visibility("default"))) ncclNet_v12_t ncclNetPlugin_v12 = {
     "railnet", initV12, devices, getProperties<ncclNetProperties_v12_t>, listenV12, connectV12, accept, regMr,
     regMrDmaBuf, deregMr, isendV12, irecvV12, iflush, test, closeSend, closeRecv, closeListen,
-    /*getDeviceMr=*/nullptr, /*irecvConsumed=*/nullptr, /*makeVDevice=*/nullptr, finalize, setNetAttrV12,
+    /*getDeviceMr=*/nullptr, /*irecvConsumed=*/nullptr, makeVDeviceFor<ncclNetVDeviceProps_v12_t>, finalize,
+    setNetAttrV12,
 };
 }  // extern "C"

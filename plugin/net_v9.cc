@@ -18,6 +18,6 @@ extern "C" {
 __attribute__((visibility("default"))) ncclNet_v9_t ncclNetPlugin_v9 = {
     "railnet", initV9, devices, getProperties<ncclNetProperties_v9_t>, listen, connect, accept, regMr,
     regMrDmaBuf, deregMr, isend, irecvV9, iflush, test, closeSend, closeRecv, closeListen,
-    /*getDeviceMr=*/nullptr, /*irecvConsumed=*/nullptr, /*makeVDevice=*/nullptr,
+    /*getDeviceMr=*/nullptr, /*irecvConsumed=*/nullptr, makeVDeviceFor<ncclNetVDeviceProps_v9_t>,
 };
 }  // extern "C"

@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "railnet/error.h"
 #include "railnet/nccl/common.h"
 
 namespace railnet {
@@ -32,7 +33,30 @@ struct DeviceInfo {
   size_t maxP2pBytes = NCCL_MAX_NET_SIZE_BYTES;
   int16_t railId = NCCL_NET_ID_UNDEF;
   int16_t planeId = NCCL_NET_ID_UNDEF;
+  // A virtual (fused) device lists its physical children here (NCCL's vProps); empty for a physical device.
+  std::vector<int> children;
 };
+
+// The DeviceInfo of a virtual device over `children` (physical devices, 1..8): name "a+b+...", speed the sum,
+// the first child's PCI path and properties, railId the children's common rail (undefined when they differ),
+// maxComms/maxRecvs the smallest.
+inline DeviceInfo fusedDeviceInfo(const std::vector<const DeviceInfo*>& children, const std::vector<int>& indices) {
+  DeviceInfo fused = *children.front();
+  fused.name.clear();
+  fused.speedMbps = 0;
+  for (const DeviceInfo* child : children) {
+    fused.name += (fused.name.empty() ? "" : "+") + child->name;
+    fused.speedMbps += child->speedMbps;
+    if (child->railId != fused.railId) fused.railId = NCCL_NET_ID_UNDEF;
+    if (child->planeId != fused.planeId) fused.planeId = NCCL_NET_ID_UNDEF;
+    fused.maxComms = child->maxComms < fused.maxComms ? child->maxComms : fused.maxComms;
+    fused.maxRecvs = child->maxRecvs < fused.maxRecvs ? child->maxRecvs : fused.maxRecvs;
+    fused.forceFlush = fused.forceFlush || child->forceFlush;
+    fused.latencyUs = child->latencyUs > fused.latencyUs ? child->latencyUs : fused.latencyUs;
+  }
+  fused.children = indices;
+  return fused;
+}
 
 // A request handed back to NCCL as `void*`.
 class Request {
@@ -85,6 +109,17 @@ class Transport {
   virtual std::unique_ptr<ListenComm> listen(int dev, void* handle) = 0;
   // Called again with the same handle buffer until *comm is set.
   virtual void connect(int dev, void* handle, std::unique_ptr<SendComm>* comm) = 0;
+  // NIC fusion (ABI v9+ makeVDevice). `children` are distinct physical devices of this transport (plugin/
+  // net_core checks count, range and duplicates before calling). Appends one virtual device, indexed after
+  // every device so far, and returns its index; listen/connect on it spread a connection over the children
+  // (docs/fusion.md). Throws railnet::Error when the transport cannot fuse them, which makes NCCL mark the
+  // devices unmergeable and retry. Default: fusion not supported.
+  virtual int makeVirtualDevice(const std::vector<int>& children);
 };
+
+inline int Transport::makeVirtualDevice(const std::vector<int>& /*children*/) {
+  throw Error(ncclInvalidUsage, std::string("NET/railnet: the ") + name() +
+                                    " transport does not support NIC fusion (makeVDevice) yet");
+}
 
 }  // namespace railnet

@@ -50,8 +50,40 @@
   X(Int, ibRetryCount, "RAILNET_IB_RETRY_CNT", 7, "QP transport retries before a send fails.")                     \
   X(Int, ibQpsPerConnection, "RAILNET_IB_QPS_PER_CONNECTION", 2,                                                  \
     "Data QPs per connection; messages are striped over them in 128-byte-aligned pieces.")                        \
+  X(String, ibFlush, "RAILNET_IB_FLUSH", "auto",                                                                  \
+    "iflush by a 1-byte RDMA READ on a loopback QP: auto (receives into GPU memory only), 0 (never), 1 (always, " \
+    "host memory too; for testing).")                                                                             \
+  X(String, topoXml, "RAILNET_TOPO_XML", "",                                                                      \
+    "A hwloc XML file (lstopo --of xml) to use instead of this machine's topology: for tests, and to reproduce "  \
+    "another host's GPU/NIC layout. Empty: discover the live machine.")                                           \
+  X(String, rails, "RAILNET_RAILS", "",                                                                           \
+    "Rail ids by NIC name, e.g. mlx5_0:0,mlx5_1:1 (verbs or netdev names, or TCP device names such as "           \
+    "lo@127.0.1.1:0). Named NICs take these rails; NICs it does not name get none. Empty: rails from the "         \
+    "topology (docs/topology.md).")                                                                               \
+  X(Int, writeNcclTopo, "RAILNET_WRITE_NCCL_TOPO", 1,                                                             \
+    "1: when a device without a PCI function (loopback rail, virtual interface) has a rail, write an NCCL "       \
+    "topology XML that puts it next to its rail's GPU and set NCCL_TOPO_FILE to it, unless NCCL_TOPO_FILE is "    \
+    "already set; 0: never.")                                                                                     \
   X(Int, tcpSpeedMbps, "RAILNET_TCP_SPEED_MBPS", 0,                                                               \
-    "Speed reported to NCCL for TCP devices; 0 reads /sys/class/net/<if>/speed (100000 for loopback).")
+    "Speed reported to NCCL for TCP devices; 0 reads /sys/class/net/<if>/speed (100000 for loopback).")               \
+  X(String, tcpAddresses, "RAILNET_TCP_ADDRESSES", "",                                                            \
+    "Comma-separated local IP addresses, each one TCP device named <if>@<address> that listens and connects "    \
+    "from that address, rail = its position (e.g. 127.0.1.1,127.0.2.1 emulates two rails on lo). Empty: one "    \
+    "device per interface (RAILNET_IFNAME).")                                                                    \
+  X(Int, fusionMinStripeBytes, "RAILNET_FUSION_MIN_STRIPE_BYTES", 262144,                                        \
+    "Fused (makeVDevice) devices: messages under twice this go whole to one NIC, round-robin; larger ones are "  \
+    "split into one 128-byte-aligned stripe per NIC of at least this size.")                                     \
+  X(String, tuner, "RAILNET_TUNER", "on",                                                                         \
+    "on: railnet's tuner edits NCCL's algorithm/protocol cost table; off: it leaves every table as NCCL "         \
+    "filled it (NCCL_TUNER_PLUGIN=none turns off any tuner).")                                                    \
+  X(String, tunerFile, "RAILNET_TUNER_FILE", "",                                                                  \
+    "Calibration CSV for the tuner (NCCL's example tuner format plus time_us, busbw_gbs, chunk_bytes; see "       \
+    "docs/tuner.md). Empty: the model alone. A missing or bad file is logged and ignored.")                       \
+  X(String, tunerModel, "RAILNET_TUNER_MODEL", "on",                                                              \
+    "on: where no measurement covers a size, the tuner's latency/bandwidth model may override NCCL's pick "      \
+    "(only when it predicts a >10% gain); off: only calibration rows act.")                                      \
+  X(Int, tunerNicGbps, "RAILNET_TUNER_NIC_GBPS", 0,                                                               \
+    "Per-node network bandwidth (Gb/s, all NICs) for the tuner's model; 0 sums railnet's devices.")
 
 namespace railnet {
 

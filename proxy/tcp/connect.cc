@@ -33,11 +33,12 @@ void randomBytes(void* out, size_t size) {
 struct PendingConnect {
   struct Socket {
     Fd fd;
+    SocketAddress target;
     bool connected = false;
     Hello hello{};
     size_t sent = 0;
   };
-  SocketAddress peer;
+  PeerInfo peer;
   std::vector<Socket> sockets;  // [0] is the control socket
 };
 
@@ -47,13 +48,23 @@ uint64_t gNextToken = 0;                                       // guarded by gPe
 
 std::unique_ptr<PendingConnect> startConnection(const Handle& handle, const ConnectOptions& options) {
   auto pending = std::make_unique<PendingConnect>();
-  pending->peer = handleAddress(handle);
+  const std::vector<LaneAddress> remote = handleLanes(handle);
+  pending->peer.peer = remote[0].address;
+  pending->peer.controlRail = remote[0].railId;
+  const std::vector<LocalLane> local =
+      options.lanes.empty() ? std::vector<LocalLane>{LocalLane{SocketAddress{}, options.railId}} : options.lanes;
   uint64_t connectionId;
   randomBytes(&connectionId, sizeof(connectionId));
-  int streams = std::clamp(options.streams, 0, kMaxStreams);
+  int streams = dataStreamCount(options);
   for (int i = 0; i <= streams; ++i) {
+    // Control: lane 0 to the first address; data stream s: lane s % local to address s % remote.
+    const size_t s = i == 0 ? 0 : static_cast<size_t>(i - 1);
+    const LocalLane& from = local[s % local.size()];
+    const LaneAddress& to = remote[s % remote.size()];
+    if (i > 0) pending->peer.dataRails.push_back(to.railId);
     PendingConnect::Socket socket;
-    socket.fd = startConnect(pending->peer);
+    socket.target = to.address;
+    socket.fd = startConnect(to.address, from.bind);
     configureStream(socket.fd.get(), options.stream);
     Hello& hello = socket.hello;
     hello.magic = kHelloMagic;
@@ -64,7 +75,7 @@ std::unique_ptr<PendingConnect> startConnection(const Handle& handle, const Conn
     hello.connectionId = connectionId;
     hello.streamIndex = static_cast<uint16_t>(i == 0 ? 0 : i - 1);
     hello.streamCount = static_cast<uint16_t>(streams);
-    hello.railId = options.railId;
+    hello.railId = from.railId;
     pending->sockets.push_back(std::move(socket));
   }
   return pending;
@@ -75,7 +86,7 @@ bool advance(PendingConnect& pending) {
   bool complete = true;
   for (PendingConnect::Socket& socket : pending.sockets) {
     if (!socket.connected) {
-      if (connectFinished(socket.fd.get(), pending.peer) == 0) {
+      if (connectFinished(socket.fd.get(), socket.target) == 0) {
         complete = false;
         continue;
       }
@@ -85,7 +96,7 @@ bool advance(PendingConnect& pending) {
       ssize_t sent = writeSome(socket.fd.get(), reinterpret_cast<const char*>(&socket.hello) + socket.sent,
                                sizeof(Hello) - socket.sent);
       if (sent < 0) {
-        fail(ncclSystemError, "NET/railnet: sending hello to %s failed: %s", pending.peer.toString().c_str(),
+        fail(ncclSystemError, "NET/railnet: sending hello to %s failed: %s", socket.target.toString().c_str(),
              errnoText(static_cast<int>(-sent)).c_str());
       }
       if (sent == 0) break;
@@ -98,26 +109,11 @@ bool advance(PendingConnect& pending) {
 
 }  // namespace
 
-SocketAddress handleAddress(const Handle& handle) {
-  if (handle.magic != kHandleMagic) {
-    fail(ncclInvalidUsage, "NET/railnet: connect handle is not a railnet TCP handle (magic 0x%08x)", handle.magic);
-  }
-  if (handle.version != kWireVersion) {
-    fail(ncclInvalidUsage, "NET/railnet: connect handle has wire version %u, this railnet speaks %u", handle.version,
-         kWireVersion);
-  }
-  SocketAddress address;
-  sa_family_t family;
-  memcpy(&family, handle.address, sizeof(family));
-  if (family == AF_INET) {
-    address.length = sizeof(sockaddr_in);
-  } else if (family == AF_INET6) {
-    address.length = sizeof(sockaddr_in6);
-  } else {
-    fail(ncclInvalidUsage, "NET/railnet: connect handle has address family %u", family);
-  }
-  memcpy(&address.storage, handle.address, address.length);
-  return address;
+SocketAddress handleAddress(const Handle& handle) { return handleLanes(handle)[0].address; }
+
+int dataStreamCount(const ConnectOptions& options) {
+  const int lanes = std::max<int>(1, static_cast<int>(options.lanes.size()));
+  return std::clamp(options.streams * lanes, 0, kMaxStreams);
 }
 
 void connectStep(Handle* handle, const ConnectOptions& options, std::unique_ptr<SendComm>* comm) {
@@ -138,7 +134,9 @@ void connectStep(Handle* handle, const ConnectOptions& options, std::unique_ptr<
   if (advance(*pending)) {
     std::vector<Fd> data;
     for (size_t i = 1; i < pending->sockets.size(); ++i) data.push_back(std::move(pending->sockets[i].fd));
-    *comm = options.makeSendComm(std::move(pending->sockets[0].fd), std::move(data), pending->peer);
+    *comm = options.makeSendCommWithPeer
+                ? options.makeSendCommWithPeer(std::move(pending->sockets[0].fd), std::move(data), pending->peer)
+                : options.makeSendComm(std::move(pending->sockets[0].fd), std::move(data), pending->peer.peer);
     handle->connectToken = 0;
     return;
   }
@@ -148,13 +146,23 @@ void connectStep(Handle* handle, const ConnectOptions& options, std::unique_ptr<
 }
 
 TcpListenComm::TcpListenComm(const SocketAddress& address, const ConnectOptions& options, Handle* handle)
+    : TcpListenComm(std::vector<LaneAddress>{LaneAddress{address, options.railId}}, options, handle) {}
+
+TcpListenComm::TcpListenComm(const std::vector<LaneAddress>& addresses, const ConnectOptions& options,
+                             Handle* handle)
     : options_(options) {
-  listener_ = listenOn(address, &address_);
+  std::vector<LaneAddress> bound = addresses;
+  for (LaneAddress& lane : bound) {
+    SocketAddress where;
+    listeners_.push_back(listenOn(lane.address, &where));
+    lane.address = where;
+  }
+  address_ = bound.at(0).address;
   randomBytes(secret_, sizeof(secret_));
   memset(handle, 0, sizeof(Handle));
   handle->magic = kHandleMagic;
   handle->version = kWireVersion;
-  memcpy(handle->address, &address_.storage, address_.length);
+  writeHandleLanes(handle, bound);
   handle->secret[0] = secret_[0];
   handle->secret[1] = secret_[1];
 }
@@ -166,16 +174,22 @@ void TcpListenComm::reject(Arrival& arrival, const char* why) {
 }
 
 void TcpListenComm::acceptArrivals() {
+  for (size_t index = 0; index < listeners_.size(); ++index) acceptArrivals(index);
+}
+
+void TcpListenComm::acceptArrivals(size_t index) {
   for (;;) {
     Arrival arrival;
+    arrival.listener = index;
     arrival.peer.length = sizeof(arrival.peer.storage);
-    int fd = accept4(listener_.get(), reinterpret_cast<sockaddr*>(&arrival.peer.storage), &arrival.peer.length,
-                     SOCK_NONBLOCK | SOCK_CLOEXEC);
+    int fd = accept4(listeners_[index].get(), reinterpret_cast<sockaddr*>(&arrival.peer.storage),
+                     &arrival.peer.length, SOCK_NONBLOCK | SOCK_CLOEXEC);
     if (fd < 0) {
       if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) return;
       if (errno == ECONNABORTED) continue;
       int err = errno;
-      fail(ncclSystemError, "NET/railnet: accept on %s failed: %s", address_.toString().c_str(), errnoText(err).c_str());
+      fail(ncclSystemError, "NET/railnet: accept on listener %zu of %s failed: %s", index, address_.toString().c_str(),
+           errnoText(err).c_str());
     }
     arrival.fd.reset(fd);
     configureStream(fd, options_.stream);
@@ -205,23 +219,34 @@ bool TcpListenComm::readHello(Arrival& arrival) {
     reject(arrival, why);
     return true;
   }
+  bool control = arrival.hello.role == static_cast<uint16_t>(StreamRole::kControl);
+  const size_t expectedListener = control ? 0 : arrival.hello.streamIndex % listeners_.size();
+  if (arrival.listener != expectedListener) {
+    reject(arrival, "arrived on another NIC of this fused device than its stream index names");
+    return true;
+  }
   auto [entry, created] = groups_.try_emplace(arrival.hello.connectionId);
   Group& group = entry->second;
   if (created) {
     group.data.resize(arrival.hello.streamCount);
-    group.peer = arrival.peer;
+    group.peer.dataRails.assign(arrival.hello.streamCount, -1);
   }
   if (arrival.hello.streamCount != group.data.size()) {
     reject(arrival, "stream count differs from the rest of its connection");
     return true;
   }
-  bool control = arrival.hello.role == static_cast<uint16_t>(StreamRole::kControl);
   Fd& place = control ? group.control : group.data[arrival.hello.streamIndex];
   if (place.valid()) {
     reject(arrival, "duplicate stream for its connection");
     return true;
   }
   place = std::move(arrival.fd);
+  if (control) {
+    group.peer.peer = arrival.peer;
+    group.peer.controlRail = arrival.hello.railId;
+  } else {
+    group.peer.dataRails[arrival.hello.streamIndex] = arrival.hello.railId;
+  }
   ++group.present;
   return true;
 }
@@ -232,7 +257,9 @@ void TcpListenComm::accept(std::unique_ptr<RecvComm>* comm) {
   for (auto it = groups_.begin(); it != groups_.end(); ++it) {
     Group& group = it->second;
     if (group.present != static_cast<int>(group.data.size()) + 1) continue;
-    *comm = options_.makeRecvComm(std::move(group.control), std::move(group.data), group.peer);
+    *comm = options_.makeRecvCommWithPeer
+                ? options_.makeRecvCommWithPeer(std::move(group.control), std::move(group.data), group.peer)
+                : options_.makeRecvComm(std::move(group.control), std::move(group.data), group.peer.peer);
     groups_.erase(it);
     return;
   }

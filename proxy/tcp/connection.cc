@@ -18,12 +18,25 @@ Connection::Connection(Fd control, std::vector<Fd> data, const SocketAddress& pe
 
 Connection::~Connection() { stop(); }
 
+void Connection::setCounters(NicCounters* control, std::vector<NicCounters*> perStream) {
+  controlCounters_ = control;
+  streamCounters_ = std::move(perStream);
+}
+
+void Connection::setCounters(const LaneLayout& layout) {
+  if (layout.lanes.empty()) return;
+  std::vector<NicCounters*> perStream;
+  for (size_t i = 0; i < pendingData_.size(); ++i) perStream.push_back(layout.lanes[i % layout.lanes.size()]);
+  setCounters(layout.lanes[0], std::move(perStream));
+}
+
 void Connection::start(StreamOwner* owner) {
   started_ = true;
   if (pendingData_.empty()) return;  // control-only (verbs): no helper threads needed
   engine_ = Engine::acquire();
   for (size_t i = 0; i < pendingData_.size(); ++i) {
-    streams_.push_back(std::make_unique<Stream>(std::move(pendingData_[i]), owner, static_cast<int>(i)));
+    NicCounters* counters = i < streamCounters_.size() ? streamCounters_[i] : nullptr;
+    streams_.push_back(std::make_unique<Stream>(std::move(pendingData_[i]), owner, static_cast<int>(i), counters));
   }
   pendingData_.clear();
   for (auto& stream : streams_) engine_->attach(stream.get());

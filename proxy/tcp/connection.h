@@ -14,6 +14,13 @@
 
 namespace railnet::tcp {
 
+// The local NICs ("lanes") of a comm's device and their counters. Data stream s uses lane s % lanes.size();
+// the control socket uses lane 0. One lane for a physical device, one per child for a fused one.
+struct LaneLayout {
+  std::vector<NicCounters*> lanes;  // empty: one lane, nothing counted
+  uint64_t minStripeBytes = 0;      // sender of a fused device: planStripes' threshold (proxy/stripe_plan.h)
+};
+
 class Connection {
  public:
   Connection(Fd control, std::vector<Fd> data, const SocketAddress& peer, const char* direction);
@@ -21,6 +28,12 @@ class Connection {
   Connection(const Connection&) = delete;
   Connection& operator=(const Connection&) = delete;
 
+  // Per-NIC counters: `control` for the control socket (inline payload), perStream[i] for data stream i.
+  // Optional; call before start().
+  void setCounters(NicCounters* control, std::vector<NicCounters*> perStream);
+  // The same from a layout: lane 0 for control, lane s % lanes for data stream s.
+  void setCounters(const LaneLayout& layout);
+  NicCounters* controlCounters() const { return controlCounters_; }
   // Hands the data streams to the engine; call once the owner is fully constructed.
   void start(StreamOwner* owner);
   // Takes the streams back from the engine; after it returns no worker calls the owner.
@@ -62,6 +75,8 @@ class Connection {
   std::shared_ptr<Engine> engine_;
   std::vector<std::unique_ptr<Stream>> streams_;
   std::vector<Fd> pendingData_;  // data sockets until start()
+  NicCounters* controlCounters_ = nullptr;
+  std::vector<NicCounters*> streamCounters_;
   bool started_ = false;
 
   std::vector<char> controlOut_;

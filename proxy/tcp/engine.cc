@@ -60,7 +60,8 @@ class Worker {
 
 // ---- Stream -------------------------------------------------------------------------------------------------
 
-Stream::Stream(Fd fd, StreamOwner* owner, int index) : fd_(std::move(fd)), owner_(owner), index_(index) {}
+Stream::Stream(Fd fd, StreamOwner* owner, int index, NicCounters* counters)
+    : fd_(std::move(fd)), owner_(owner), index_(index), counters_(counters) {}
 
 void Stream::enqueue(const SendOp& op) {
   {
@@ -125,6 +126,7 @@ uint64_t Stream::progressSend() {
       left -= take;
       if (sentOfFront_ < total) break;
       queuedBytes_.fetch_sub(front.header.length, std::memory_order_relaxed);
+      if (counters_ != nullptr) counters_->addSent(front.header.length);
       front.pending->fetch_sub(1, std::memory_order_release);
       sending_.pop_front();
       sentOfFront_ = 0;
@@ -168,6 +170,7 @@ uint64_t Stream::progressReceive() {
       }
       payloadLeft_ = incoming_.length;
       inPayload_ = payloadLeft_ > 0;
+      if (counters_ != nullptr) counters_->addReceived(incoming_.length);
       if (!inPayload_) owner_->chunkReceived(incoming_);
     } else {
       payloadLeft_ -= static_cast<uint64_t>(got);
@@ -354,6 +357,8 @@ Engine::~Engine() {
   double gigabytes = static_cast<double>(bytes) * 1e-9;
   RN_INFO(NCCL_NET, "NET/railnet: TCP helper threads moved %.3f GB using %.3f s of CPU (%.3f s/GB)", gigabytes, cpu,
           gigabytes > 0 ? cpu / gigabytes : 0.0);
+  // Per-NIC traffic since the process started (payload bytes; docs/fusion.md), one line per NIC that carried any.
+  for (const std::string& line : nicCounterLines()) RN_INFO(NCCL_NET, "NET/railnet: NIC %s", line.c_str());
 }
 
 void Engine::attach(Stream* stream) {

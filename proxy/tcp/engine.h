@@ -10,6 +10,7 @@
 #include <mutex>
 #include <vector>
 
+#include "proxy/nic_counters.h"
 #include "proxy/tcp/socket.h"
 #include "proxy/tcp/wire.h"
 
@@ -39,7 +40,8 @@ struct SendOp {
 
 class Stream {
  public:
-  Stream(Fd fd, StreamOwner* owner, int index);
+  // counters: the NIC this stream's socket uses (payload bytes are added as chunks complete), or nullptr.
+  Stream(Fd fd, StreamOwner* owner, int index, NicCounters* counters = nullptr);
   Stream(const Stream&) = delete;
   Stream& operator=(const Stream&) = delete;
 
@@ -61,6 +63,7 @@ class Stream {
   Fd fd_;
   StreamOwner* owner_;
   int index_;
+  NicCounters* counters_;
   Worker* worker_ = nullptr;
 
   std::mutex queueMutex_;

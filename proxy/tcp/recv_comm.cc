@@ -10,8 +10,9 @@ namespace railnet::tcp {
 
 ncclResult_t RecvRequest::test(int* done, int* sizes) noexcept { return comm_->testRequest(this, done, sizes); }
 
-TcpRecvComm::TcpRecvComm(Fd control, std::vector<Fd> data, const SocketAddress& peer)
+TcpRecvComm::TcpRecvComm(Fd control, std::vector<Fd> data, const SocketAddress& peer, const LaneLayout& layout)
     : link_(std::move(control), std::move(data), peer, "receive"), openStreams_(0) {
+  link_.setCounters(layout);
   for (RecvRequest& entry : ring_) {
     entry.comm_ = this;
     entry.postedId_.store(UINT32_MAX, std::memory_order_relaxed);
@@ -117,6 +118,7 @@ bool TcpRecvComm::startFrame() {
 
 void TcpRecvComm::finishInline() {
   inInline_ = false;
+  if (NicCounters* counters = link_.controlCounters()) counters->addReceived(frame_.size);
   completeSlot(ring_[frame_.recvId % kRing], frame_.slot, frame_.size);
 }
 

@@ -33,7 +33,7 @@ class RecvRequest final : public Request {
 
 class TcpRecvComm final : public RecvComm, private StreamOwner {
  public:
-  TcpRecvComm(Fd control, std::vector<Fd> data, const SocketAddress& peer);
+  TcpRecvComm(Fd control, std::vector<Fd> data, const SocketAddress& peer, const LaneLayout& layout = {});
   ~TcpRecvComm() override;
 
   std::unique_ptr<MemoryRegion> regMr(void* data, size_t size, int type) override;

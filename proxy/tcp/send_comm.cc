@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "proxy/stripe_plan.h"
 #include "railnet/error.h"
 #include "railnet/log.h"
 #include "railnet/settings.h"
@@ -16,13 +17,17 @@ constexpr auto kStallWarning = std::chrono::seconds(10);
 
 ncclResult_t SendRequest::test(int* done, int* sizes) noexcept { return comm_->testRequest(this, done, sizes); }
 
-TcpSendComm::TcpSendComm(Fd control, std::vector<Fd> data, const SocketAddress& peer)
+TcpSendComm::TcpSendComm(Fd control, std::vector<Fd> data, const SocketAddress& peer, LaneLayout layout)
     : link_(std::move(control), std::move(data), peer, "send"),
       requests_(kSendRequests, [this](SendRequest& request) { request.comm_ = this; }) {
   const Settings& config = settings();
   inlineBytes_ = static_cast<uint64_t>(std::max<int64_t>(config.tcpInlineBytes, 0));
   minChunkBytes_ = static_cast<uint64_t>(std::max<int64_t>(config.tcpMinChunkBytes, 4096));
+  link_.setCounters(layout);
   link_.start(this);
+  lanes_ = std::clamp(static_cast<int>(layout.lanes.size()), 1, std::max(1, link_.streamCount()));
+  lanes_ = std::min(lanes_, kMaxStripeLanes);
+  minStripeBytes_ = layout.minStripeBytes;
 }
 
 TcpSendComm::~TcpSendComm() { link_.stop(); }
@@ -115,7 +120,10 @@ ncclResult_t TcpSendComm::isend(void* data, size_t size, int tag, MemoryRegion*,
     // Inline: the bytes are copied into the control queue, so the send is complete at once.
     FrameHeader header{static_cast<uint8_t>(FrameType::kInline), static_cast<uint8_t>(slot), 0, recvId, size};
     link_.sendControl(&header, sizeof(header), data, size);
+    if (NicCounters* counters = link_.controlCounters()) counters->addSent(size);
     sendRequest->pendingChunks_.store(0, std::memory_order_relaxed);
+  } else if (lanes_ > 1) {
+    sendStriped(sendRequest, static_cast<const char*>(data), size, recvId, slot);
   } else {
     sendStreamed(sendRequest, static_cast<const char*>(data), size, recvId, slot);
   }
@@ -143,6 +151,49 @@ void TcpSendComm::sendStreamed(SendRequest* request, const char* data, uint64_t 
     op.header.offset = offset;
     op.header.length = std::min(chunk, size - offset);
     op.data = data + offset;
+    op.pending = &request->pendingChunks_;
+    link_.stream(best).enqueue(op);
+  }
+}
+
+void TcpSendComm::sendStriped(SendRequest* request, const char* data, uint64_t size, uint32_t recvId, int slot) {
+  Stripe stripes[kMaxStripeLanes];
+  const int count = planStripes(size, lanes_, stripedMessages_++, minStripeBytes_, stripes);
+  const int streams = link_.streamCount();
+  uint64_t chunkOf[kMaxStripeLanes];
+  int total = 0;
+  for (int i = 0; i < count; ++i) {
+    // Streams of lane l: l, l + lanes_, l + 2 lanes_, ...
+    const int laneStreams = (streams - stripes[i].lane + lanes_ - 1) / lanes_;
+    chunkOf[i] = chunkSizeFor(stripes[i].bytes, laneStreams, minChunkBytes_);
+    total += static_cast<int>((stripes[i].bytes + chunkOf[i] - 1) / chunkOf[i]);
+  }
+  // Every chunk is counted before the first is queued: a worker may finish one at once.
+  request->pendingChunks_.store(total, std::memory_order_relaxed);
+  for (int i = 0; i < count; ++i) {
+    enqueueChunks(request, data, size, stripes[i].offset, stripes[i].bytes, chunkOf[i], stripes[i].lane, lanes_,
+                  recvId, slot);
+  }
+}
+
+void TcpSendComm::enqueueChunks(SendRequest* request, const char* data, uint64_t size, uint64_t offset,
+                                uint64_t bytes, uint64_t chunk, int first, int step, uint32_t recvId, int slot) {
+  const int streams = link_.streamCount();
+  const int candidates = (streams - first + step - 1) / step;
+  for (uint64_t done = 0; done < bytes; done += chunk) {
+    // Least-queued stream of the set first, starting from a rotating point: a slow stream gets less new work.
+    int best = first + static_cast<int>(nextStream_++ % static_cast<uint32_t>(candidates)) * step;
+    for (int k = 0; k < candidates; ++k) {
+      const int candidate = first + k * step;
+      if (link_.stream(candidate).queuedBytes() < link_.stream(best).queuedBytes()) best = candidate;
+    }
+    SendOp op{};
+    op.header.recvId = recvId;
+    op.header.slot = static_cast<uint8_t>(slot);
+    op.header.messageSize = size;
+    op.header.offset = offset + done;
+    op.header.length = std::min(chunk, bytes - done);
+    op.data = data + offset + done;
     op.pending = &request->pendingChunks_;
     link_.stream(best).enqueue(op);
   }

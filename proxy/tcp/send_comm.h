@@ -27,7 +27,7 @@ class SendRequest final : public Request {
 
 class TcpSendComm final : public SendComm, private StreamOwner {
  public:
-  TcpSendComm(Fd control, std::vector<Fd> data, const SocketAddress& peer);
+  TcpSendComm(Fd control, std::vector<Fd> data, const SocketAddress& peer, LaneLayout layout = {});
   ~TcpSendComm() override;
 
   std::unique_ptr<MemoryRegion> regMr(void* data, size_t size, int type) override;
@@ -42,6 +42,11 @@ class TcpSendComm final : public SendComm, private StreamOwner {
   // Reads clear-to-send frames and flushes queued control bytes. Caller holds mutex_.
   void pumpControl();
   void sendStreamed(SendRequest* request, const char* data, uint64_t size, uint32_t recvId, int slot);
+  // A fused device's send: planStripes over the lanes, each stripe chunked over its lane's streams.
+  void sendStriped(SendRequest* request, const char* data, uint64_t size, uint32_t recvId, int slot);
+  // Queues [offset, offset + bytes) of the message on the least-queued of streams first, first + step, ...
+  void enqueueChunks(SendRequest* request, const char* data, uint64_t size, uint64_t offset, uint64_t bytes,
+                     uint64_t chunk, int first, int step, uint32_t recvId, int slot);
   void warnIfStalled(int tag);
 
   char* resolveChunk(const ChunkHeader& header) noexcept override;
@@ -56,6 +61,9 @@ class TcpSendComm final : public SendComm, private StreamOwner {
   ClearToSendQueue posted_;  // guarded by mutex_
   RequestPool<SendRequest> requests_;  // guarded by mutex_
   uint32_t nextStream_ = 0;
+  int lanes_ = 1;              // local NICs the data streams spread over (stream s: lane s % lanes_)
+  uint64_t minStripeBytes_ = 0;
+  uint64_t stripedMessages_ = 0;  // guarded by mutex_; planStripes' round-robin sequence
   std::chrono::steady_clock::time_point stalledSince_{};
   bool stallWarned_ = false;
 };

@@ -56,11 +56,18 @@ Fd listenOn(const SocketAddress& address, SocketAddress* bound) {
   return fd;
 }
 
-Fd startConnect(const SocketAddress& address) {
+Fd startConnect(const SocketAddress& address) { return startConnect(address, SocketAddress{}); }
+
+Fd startConnect(const SocketAddress& address, const SocketAddress& local) {
   Fd fd(socket(address.storage.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0));
   if (!fd.valid()) {
     int err = errno;
     fail(ncclSystemError, "NET/railnet: socket() failed: %s", errnoText(err).c_str());
+  }
+  if (local.length > 0 && bind(fd.get(), local.get(), local.length) != 0) {
+    int err = errno;
+    fail(ncclSystemError, "NET/railnet: binding a connection to %s failed: %s", local.toString().c_str(),
+         errnoText(err).c_str());
   }
   if (::connect(fd.get(), address.get(), address.length) != 0 && errno != EINPROGRESS) {
     int err = errno;

@@ -42,6 +42,8 @@ Fd listenOn(const SocketAddress& address, SocketAddress* bound);
 
 // Starts a non-blocking connect; the connection completes later (see connectFinished).
 Fd startConnect(const SocketAddress& address);
+// The same from a given local address (port 0): the socket leaves through that NIC's address.
+Fd startConnect(const SocketAddress& address, const SocketAddress& local);
 
 // 1: connected; 0: still in progress; throws on failure.
 int connectFinished(int fd, const SocketAddress& peer);

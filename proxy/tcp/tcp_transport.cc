@@ -2,7 +2,13 @@
 
 #include <algorithm>
 #include <cstring>
+#include <deque>
+#include <mutex>
+#include <string>
+#include <utility>
+#include <vector>
 
+#include "proxy/tcp/addresses.h"
 #include "proxy/tcp/connect.h"
 #include "proxy/tcp/recv_comm.h"
 #include "proxy/tcp/send_comm.h"
@@ -24,12 +30,15 @@ class TcpTransport final : public Transport {
  public:
   TcpTransport() {
     const Settings& config = settings();
-    interfaces_ = topo::discoverInterfaces(config.ifname, config.socketFamily);
-    if (interfaces_.empty()) {
+    const bool byAddress = !config.tcpAddresses.empty();
+    std::vector<topo::NetInterface> interfaces =
+        byAddress ? interfacesForAddresses(config.tcpAddresses)
+                  : topo::discoverInterfaces(config.ifname, config.socketFamily);
+    if (interfaces.empty()) {
       fail(ncclSystemError, "NET/railnet: no usable network interface (RAILNET_IFNAME=\"%s\")", config.ifname.c_str());
     }
-    for (size_t i = 0; i < interfaces_.size(); ++i) {
-      const topo::NetInterface& netif = interfaces_[i];
+    for (size_t i = 0; i < interfaces.size(); ++i) {
+      const topo::NetInterface& netif = interfaces[i];
       DeviceInfo info;
       info.name = netif.name;
       info.pciPath = netif.pciPath;
@@ -42,50 +51,144 @@ class TcpTransport final : public Transport {
       info.maxRecvs = kMaxRecvs;
       info.maxComms = 65536;
       info.maxP2pBytes = NCCL_MAX_NET_SIZE_BYTES;
+      // Listed addresses are emulated rails: rail = position in the list (topo/ may assign others later).
+      if (byAddress) info.railId = static_cast<int16_t>(i);
       devices_.push_back(info);
+      Nic nic;
+      memcpy(&nic.address.storage, &netif.address, netif.addressLength);
+      nic.address.length = netif.addressLength;
+      nic.bindLocal = byAddress;
+      nics_.push_back(nic);
     }
     options_.streams = static_cast<int>(std::clamp<int64_t>(config.tcpStreams, 1, kMaxStreams));
     options_.stream.bufferBytes = static_cast<int>(std::max<int64_t>(config.tcpSocketBufferBytes, 0));
     options_.stream.notSentLowat = static_cast<int>(std::max<int64_t>(config.tcpNotSentLowat, 0));
     options_.stream.peerTimeoutMs = static_cast<int>(std::max<int64_t>(config.peerTimeoutMs, 0));
     options_.strayTimeout = std::chrono::milliseconds(std::max<int64_t>(config.strayTimeoutMs, 1));
-    options_.makeSendComm = [](Fd control, std::vector<Fd> data, const SocketAddress& peer) {
-      return std::unique_ptr<SendComm>(new TcpSendComm(std::move(control), std::move(data), peer));
-    };
-    options_.makeRecvComm = [](Fd control, std::vector<Fd> data, const SocketAddress& peer) {
-      return std::unique_ptr<RecvComm>(new TcpRecvComm(std::move(control), std::move(data), peer));
-    };
+    minStripeBytes_ = static_cast<uint64_t>(std::max<int64_t>(config.fusionMinStripeBytes, 0));
   }
 
   const char* name() const noexcept override { return "TCP"; }
-  int deviceCount() const noexcept override { return static_cast<int>(devices_.size()); }
+  int deviceCount() const noexcept override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return static_cast<int>(devices_.size());
+  }
 
-  const DeviceInfo& device(int dev) const override { return devices_.at(checked(dev)); }
+  const DeviceInfo& device(int dev) const override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return devices_[checked(dev)];  // a deque: references stay valid as virtual devices are added
+  }
 
   std::unique_ptr<ListenComm> listen(int dev, void* handle) override {
-    const topo::NetInterface& netif = interfaces_[checked(dev)];
-    SocketAddress address;
-    memcpy(&address.storage, &netif.address, netif.addressLength);
-    address.length = netif.addressLength;
-    return std::make_unique<TcpListenComm>(address, options_, static_cast<Handle*>(handle));
+    std::vector<LaneAddress> addresses;
+    ConnectOptions options = optionsFor(dev);
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      for (int child : childrenOf(dev)) {
+        const size_t index = static_cast<size_t>(child);
+        addresses.push_back(LaneAddress{nics_[index].address, devices_[index].railId});
+      }
+    }
+    return std::make_unique<TcpListenComm>(addresses, options, static_cast<Handle*>(handle));
   }
 
   void connect(int dev, void* handle, std::unique_ptr<SendComm>* comm) override {
-    checked(dev);
-    connectStep(static_cast<Handle*>(handle), options_, comm);
+    connectStep(static_cast<Handle*>(handle), optionsFor(dev), comm);
+  }
+
+  int makeVirtualDevice(const std::vector<int>& children) override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    std::vector<const DeviceInfo*> infos;
+    const sa_family_t family = nics_.at(static_cast<size_t>(children.at(0))).address.storage.ss_family;
+    for (int child : children) {
+      if (child < 0 || static_cast<size_t>(child) >= nics_.size()) {
+        fail(ncclInvalidArgument, "NET/railnet: TCP device %d is not a physical device", child);
+      }
+      if (nics_[static_cast<size_t>(child)].address.storage.ss_family != family) {
+        fail(ncclInvalidUsage, "NET/railnet: cannot fuse TCP devices of different address families (%s, %s)",
+             devices_[static_cast<size_t>(children[0])].name.c_str(),
+             devices_[static_cast<size_t>(child)].name.c_str());
+      }
+      infos.push_back(&devices_[static_cast<size_t>(child)]);
+    }
+    const int most = family == AF_INET6 ? kMaxHandleLanes6 : kMaxHandleLanes4;
+    if (static_cast<int>(children.size()) > most) {
+      fail(ncclInvalidUsage, "NET/railnet: a fused TCP device holds at most %d %s NICs (the handle's room); %zu asked",
+           most, family == AF_INET6 ? "IPv6" : "IPv4", children.size());
+    }
+    DeviceInfo fused = fusedDeviceInfo(infos, children);
+    fused.guid = devices_.size();
+    devices_.push_back(fused);
+    return static_cast<int>(devices_.size()) - 1;
   }
 
  private:
-  size_t checked(int dev) const {
-    if (dev < 0 || dev >= deviceCount()) {
-      fail(ncclInvalidUsage, "NET/railnet: device %d does not exist (railnet TCP has %d)", dev, deviceCount());
+  struct Nic {  // a physical device's address
+    SocketAddress address;  // port 0
+    bool bindLocal = false;  // RAILNET_TCP_ADDRESSES: connections leave from this address
+  };
+
+  size_t checked(int dev) const {  // caller holds mutex_
+    if (dev < 0 || static_cast<size_t>(dev) >= devices_.size()) {
+      fail(ncclInvalidUsage, "NET/railnet: device %d does not exist (railnet TCP has %zu)", dev, devices_.size());
     }
     return static_cast<size_t>(dev);
   }
 
-  std::vector<topo::NetInterface> interfaces_;
-  std::vector<DeviceInfo> devices_;
+  std::vector<int> childrenOf(int dev) const {  // caller holds mutex_
+    const DeviceInfo& info = devices_[checked(dev)];
+    return info.children.empty() ? std::vector<int>{dev} : info.children;
+  }
+
+  // The connection options of a device: its NICs (lanes) with rails, and comm factories that count traffic
+  // per NIC.
+  ConnectOptions optionsFor(int dev) const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    ConnectOptions options = options_;
+    const std::vector<int> children = childrenOf(dev);
+    const bool fused = children.size() > 1 || !devices_[checked(dev)].children.empty();
+    std::vector<std::pair<std::string, int16_t>> nics;
+    for (int child : children) {
+      const DeviceInfo& info = devices_[static_cast<size_t>(child)];
+      const Nic& nic = nics_[static_cast<size_t>(child)];
+      nics.emplace_back(info.name, info.railId);
+      if (fused || nic.bindLocal) {
+        options.lanes.push_back(LocalLane{nic.bindLocal ? nic.address : SocketAddress{}, info.railId});
+      }
+    }
+    options.railId = nics[0].second;
+    const uint64_t minStripe = minStripeBytes_;
+    // One counted connection per NIC the comm uses; cross-rail when the rail at the other end differs.
+    auto layoutFor = [nics, minStripe](const PeerInfo& peer, size_t dataStreams) {
+      LaneLayout layout;
+      layout.minStripeBytes = minStripe;
+      for (size_t lane = 0; lane < nics.size(); ++lane) {
+        NicCounters& counters = nicCounters(nics[lane].first, nics[lane].second);
+        if (lane == 0 || lane < dataStreams) {
+          const int16_t remote = lane < peer.dataRails.size() ? peer.dataRails[lane] : peer.controlRail;
+          counters.addConnection(nics[lane].second, remote);
+        }
+        layout.lanes.push_back(&counters);
+      }
+      return layout;
+    };
+    options.makeSendCommWithPeer = [layoutFor](Fd control, std::vector<Fd> data, const PeerInfo& peer) {
+      LaneLayout layout = layoutFor(peer, data.size());
+      return std::unique_ptr<SendComm>(
+          new TcpSendComm(std::move(control), std::move(data), peer.peer, std::move(layout)));
+    };
+    options.makeRecvCommWithPeer = [layoutFor](Fd control, std::vector<Fd> data, const PeerInfo& peer) {
+      LaneLayout layout = layoutFor(peer, data.size());
+      return std::unique_ptr<RecvComm>(new TcpRecvComm(std::move(control), std::move(data), peer.peer, layout));
+    };
+    return options;
+  }
+
+  mutable std::mutex mutex_;  // devices_ grows with makeVirtualDevice
+  std::vector<Nic> nics_;     // physical devices
+  std::deque<DeviceInfo> devices_;  // physical, then virtual
   ConnectOptions options_;
+  uint64_t minStripeBytes_ = 0;
 };
 
 }  // namespace

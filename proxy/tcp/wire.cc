@@ -1,5 +1,11 @@
 #include "proxy/tcp/wire.h"
 
+#include <netinet/in.h>
+
+#include <cstring>
+
+#include "railnet/error.h"
+
 namespace railnet::tcp {
 
 const char* validateHello(const Hello& hello, const uint64_t secret[2]) {
@@ -22,6 +28,93 @@ uint64_t chunkSizeFor(uint64_t size, int streams, uint64_t minChunk) {
   uint64_t chunk = perStream > minChunk ? perStream : minChunk;
   chunk = (chunk + kPage - 1) / kPage * kPage;
   return chunk;
+}
+
+}  // namespace railnet::tcp
+
+namespace railnet::tcp {
+
+void writeHandleLanes(Handle* handle, const std::vector<LaneAddress>& lanes) {
+  if (lanes.empty()) fail(ncclInternalError, "NET/railnet: a listening device without an address");
+  const sa_family_t family = lanes[0].address.storage.ss_family;
+  const int most = family == AF_INET6 ? kMaxHandleLanes6 : kMaxHandleLanes4;
+  if (static_cast<int>(lanes.size()) > most) {
+    fail(ncclInvalidUsage,
+         "NET/railnet: a fused TCP device of %zu %s NICs does not fit NCCL's 128-byte handle (at most %d)",
+         lanes.size(), family == AF_INET6 ? "IPv6" : "IPv4", most);
+  }
+  memcpy(handle->address, &lanes[0].address.storage, lanes[0].address.length);
+  handle->railId = lanes[0].railId;
+  handle->laneCount = static_cast<uint16_t>(lanes.size());
+  for (size_t i = 1; i < lanes.size(); ++i) {
+    const SocketAddress& lane = lanes[i].address;
+    if (lane.storage.ss_family != family) {
+      fail(ncclInvalidUsage, "NET/railnet: a fused TCP device mixes IPv4 and IPv6 addresses (%s, %s)",
+           lanes[0].address.toString().c_str(), lane.toString().c_str());
+    }
+    if (family == AF_INET6) {
+      const auto* in6 = reinterpret_cast<const sockaddr_in6*>(&lane.storage);
+      HandleLane6 entry{};
+      memcpy(entry.address, &in6->sin6_addr, sizeof(entry.address));
+      entry.port = in6->sin6_port;
+      entry.railId = lanes[i].railId;
+      memcpy(handle->lanes + (i - 1) * sizeof(entry), &entry, sizeof(entry));
+    } else {
+      const auto* in4 = reinterpret_cast<const sockaddr_in*>(&lane.storage);
+      HandleLane4 entry{};
+      memcpy(entry.address, &in4->sin_addr, sizeof(entry.address));
+      entry.port = in4->sin_port;
+      entry.railId = lanes[i].railId;
+      memcpy(handle->lanes + (i - 1) * sizeof(entry), &entry, sizeof(entry));
+    }
+  }
+}
+
+std::vector<LaneAddress> handleLanes(const Handle& handle) {
+  if (handle.magic != kHandleMagic) {
+    fail(ncclInvalidUsage, "NET/railnet: connect handle is not a railnet TCP handle (magic 0x%08x)", handle.magic);
+  }
+  if (handle.version != kWireVersion) {
+    fail(ncclInvalidUsage, "NET/railnet: connect handle has wire version %u, this railnet speaks %u", handle.version,
+         kWireVersion);
+  }
+  LaneAddress first;
+  sa_family_t family;
+  memcpy(&family, handle.address, sizeof(family));
+  if (family == AF_INET) {
+    first.address.length = sizeof(sockaddr_in);
+  } else if (family == AF_INET6) {
+    first.address.length = sizeof(sockaddr_in6);
+  } else {
+    fail(ncclInvalidUsage, "NET/railnet: connect handle has address family %u", family);
+  }
+  memcpy(&first.address.storage, handle.address, first.address.length);
+  first.railId = handle.railId;
+  const int count = handle.laneCount == 0 ? 1 : handle.laneCount;
+  const int most = family == AF_INET6 ? kMaxHandleLanes6 : kMaxHandleLanes4;
+  if (count > most) fail(ncclInvalidUsage, "NET/railnet: connect handle names %d addresses (at most %d)", count, most);
+  std::vector<LaneAddress> lanes{first};
+  for (int i = 1; i < count; ++i) {
+    LaneAddress lane = first;  // family, scope and flow info of the first address
+    const size_t at = static_cast<size_t>(i - 1);
+    if (family == AF_INET6) {
+      HandleLane6 entry;
+      memcpy(&entry, handle.lanes + at * sizeof(entry), sizeof(entry));
+      auto* in6 = reinterpret_cast<sockaddr_in6*>(&lane.address.storage);
+      memcpy(&in6->sin6_addr, entry.address, sizeof(entry.address));
+      in6->sin6_port = entry.port;
+      lane.railId = entry.railId;
+    } else {
+      HandleLane4 entry;
+      memcpy(&entry, handle.lanes + at * sizeof(entry), sizeof(entry));
+      auto* in4 = reinterpret_cast<sockaddr_in*>(&lane.address.storage);
+      memcpy(&in4->sin_addr, entry.address, sizeof(entry.address));
+      in4->sin_port = entry.port;
+      lane.railId = entry.railId;
+    }
+    lanes.push_back(lane);
+  }
+  return lanes;
 }
 
 }  // namespace railnet::tcp

@@ -5,6 +5,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <vector>
 
 #include "proxy/tcp/socket.h"
 #include "railnet/nccl/common.h"
@@ -21,16 +22,46 @@ constexpr int kMaxRecvs = 8;
 struct Handle {
   uint32_t magic;
   uint16_t version;
-  uint16_t reserved;
-  uint8_t address[28];  // sockaddr_in or sockaddr_in6 of the listening socket
-  uint32_t reserved2;
+  uint16_t laneCount;   // listening addresses (NICs) of the device: 0 or 1 for a physical device
+  uint8_t address[28];  // sockaddr_in or sockaddr_in6 of the (first) listening socket
+  int16_t railId;       // rail of the (first) listening NIC; -1 when unknown
+  uint16_t reserved2;
   uint64_t secret[2];    // random; a connection must present it in its hello
   uint64_t connectToken; // 0 as listen writes it; connect() keeps its in-progress state's id here
-  uint8_t unused[64];
+  uint8_t lanes[64];     // a fused device's further listening addresses: HandleLane4 or HandleLane6 entries
 };
 static_assert(sizeof(Handle) == NCCL_NET_HANDLE_MAXSIZE);
 static_assert(offsetof(Handle, address) == 8);
+static_assert(offsetof(Handle, railId) == 36);
 static_assert(offsetof(Handle, secret) == 40);
+static_assert(offsetof(Handle, lanes) == 64);
+
+// Further listening addresses of a fused device, same family and (IPv6) scope as the first one.
+struct HandleLane4 {
+  uint8_t address[4];
+  uint16_t port;  // network order
+  int16_t railId;
+};
+struct HandleLane6 {
+  uint8_t address[16];
+  uint16_t port;  // network order
+  int16_t railId;
+};
+static_assert(sizeof(HandleLane4) == 8 && sizeof(HandleLane6) == 20);
+constexpr int kMaxHandleLanes4 = 1 + static_cast<int>(sizeof(Handle::lanes) / sizeof(HandleLane4));  // 9
+constexpr int kMaxHandleLanes6 = 1 + static_cast<int>(sizeof(Handle::lanes) / sizeof(HandleLane6));  // 4
+
+// One listening NIC of a device: its address and rail.
+struct LaneAddress {
+  SocketAddress address;
+  int16_t railId = -1;
+};
+
+// Writes lanes[0] into address/railId and the rest into the lanes area. Throws ncclInvalidUsage when they do
+// not fit (more than 9 IPv4 or 4 IPv6 addresses) or mix families.
+void writeHandleLanes(Handle* handle, const std::vector<LaneAddress>& lanes);
+// The listening addresses a handle names (at least one). Throws ncclInvalidUsage on a malformed handle.
+std::vector<LaneAddress> handleLanes(const Handle& handle);
 
 enum class StreamRole : uint16_t { kControl = 0, kData = 1 };
 

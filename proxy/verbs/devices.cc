@@ -15,7 +15,9 @@
 #include <iterator>
 #include <map>
 #include <memory>
+#include <optional>
 
+#include "proxy/verbs/gpu_direct.h"
 #include "railnet/log.h"
 #include "railnet/settings.h"
 
@@ -331,6 +333,7 @@ void probeDevice(const IbvApi& api, ibv_device* device, const HcaFilter& filter,
   uint64_t guid = be64toh(deviceAttr.node_guid);
   if (guid == 0) guid = fallbackGuid(name);
 
+  std::optional<GdrDecision> gdr;
   for (int portNumber = 1; portNumber <= deviceAttr.phys_port_cnt; ++portNumber) {
     if (!filter.matches(name, portNumber)) continue;
     ibv_port_attr attr{};
@@ -371,7 +374,11 @@ void probeDevice(const IbvApi& api, ibv_device* device, const HcaFilter& filter,
     DeviceInfo& info = port.info;
     info.pciPath = pciPath;
     info.guid = guid;
-    info.ptrSupport = NCCL_PTR_HOST;
+    if (!gdr) gdr = decideGdr(gatherGdrInputs(api, context));  // once per device: the probe is per context
+    info.ptrSupport = gdr->ptrSupport;
+    port.gdrDmabuf = gdr->dmabuf;
+    port.gdrPeermem = gdr->peermem;
+    port.gdrSummary = gdr->summary;
     info.regIsGlobal = true;
     info.speedMbps = speed;
     info.port = portNumber;
@@ -414,11 +421,12 @@ std::vector<VerbsPort> discover(const IbvApi& api, const DiscoveryOptions& optio
   for (const VerbsPort& port : ports) ++portsPerDevice[port.device];
   for (VerbsPort& port : ports) {
     port.info.name = portsPerDevice[port.device] == 1 ? port.device : port.device + ":" + std::to_string(port.port);
-    RN_INFO(NCCL_INIT | NCCL_NET, "NET/railnet: verbs device %s:%d as %s: %s, %s, %d Mbps, MTU %d, NUMA %d, PCI %s",
+    RN_INFO(NCCL_INIT | NCCL_NET,
+            "NET/railnet: verbs device %s:%d as %s: %s, %s, %d Mbps, MTU %d, NUMA %d, PCI %s, GPUDirect: %s",
             port.device.c_str(), port.port, port.info.name.c_str(),
             port.linkLayer == IBV_LINK_LAYER_ETHERNET ? "RoCE" : "InfiniBand", describeAddress(port).c_str(),
             port.info.speedMbps, 128 << static_cast<int>(port.activeMtu), port.numaNode,
-            port.info.pciPath.empty() ? "none" : port.info.pciPath.c_str());
+            port.info.pciPath.empty() ? "none" : port.info.pciPath.c_str(), port.gdrSummary.c_str());
   }
   if (ports.empty()) {
     RN_INFO(NCCL_INIT | NCCL_NET, "NET/railnet: no usable verbs port among %d RDMA device(s) (RAILNET_IB_HCA=\"%s\")",

@@ -85,6 +85,9 @@ struct VerbsPort {
   ibv_gid gid{};      // the GID at gidIndex, zero when gidIndex is -1
   ibv_mtu activeMtu = IBV_MTU_1024;
   int numaNode = -1;
+  bool gdrDmabuf = false;   // CUDA memory registers through cuMemGetHandleForAddressRange + ibv_reg_dmabuf_mr
+  bool gdrPeermem = false;  // CUDA memory registers with plain ibv_reg_mr (a peer-memory module is loaded)
+  std::string gdrSummary;   // proxy/verbs/gpu_direct.h decideGdr()
   DeviceInfo info;  // what NCCL sees; info.name is "<device>" or "<device>:<port>" (several ports in use)
 };
 

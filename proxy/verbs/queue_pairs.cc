@@ -20,7 +20,7 @@ void modify(const IbvApi& api, ibv_qp* qp, ibv_qp_attr* attr, int mask, const ch
 
 }  // namespace
 
-QueuePairs::QueuePairs(std::shared_ptr<VerbsDevice> device, const QpOptions& options)
+QueuePairs::QueuePairs(std::shared_ptr<VerbsDevice> device, const QpOptions& options, QpEventSink* sink)
     : device_(std::move(device)), options_(options) {
   const IbvApi& api = device_->api();
   int count = std::clamp(options_.count, 1, kMaxQps);
@@ -35,6 +35,7 @@ QueuePairs::QueuePairs(std::shared_ptr<VerbsDevice> device, const QpOptions& opt
   psn_ &= 0xffffff;
   for (int i = 0; i < count; ++i) {
     ibv_qp_init_attr init{};
+    init.qp_context = sink;
     init.send_cq = cq_;
     init.recv_cq = cq_;
     init.qp_type = IBV_QPT_RC;
@@ -78,6 +79,7 @@ QpInfo QueuePairs::localInfo() const {
   info.linkLayer = static_cast<uint8_t>(port.linkLayer);
   info.mtu = static_cast<uint8_t>(port.activeMtu);
   memcpy(info.gid, port.gid.raw, sizeof(info.gid));
+  info.railId = port.info.railId;
   return info;
 }
 
@@ -96,6 +98,7 @@ void QueuePairs::connect(const QpInfo& remote) {
     fail(ncclSystemError, "NET/railnet: the peer offers %u QPs", remote.qpCount);
   }
   const IbvApi& api = device_->api();
+  remoteRail_ = remote.railId;
   active_ = std::min<int>(static_cast<int>(qps_.size()), remote.qpCount);
   bool global = port.gidIndex >= 0;
   for (int i = 0; i < active_; ++i) {

@@ -12,7 +12,7 @@ namespace railnet::verbs {
 
 constexpr int kMaxQps = 8;
 constexpr uint32_t kQpInfoMagic = 0x50514e52;  // "RNQP"
-constexpr uint16_t kQpInfoVersion = 1;
+constexpr uint16_t kQpInfoVersion = 2;  // 2: railId
 
 // Sent by each end as the first bytes on the control socket.
 struct QpInfo {
@@ -25,7 +25,8 @@ struct QpInfo {
   uint8_t linkLayer;
   uint8_t mtu;  // ibv_mtu
   uint8_t gid[16];
-  uint32_t reserved;
+  int16_t railId;  // the sender's DeviceInfo::railId (NCCL_NET_ID_UNDEF when unknown)
+  uint16_t reserved;
 };
 static_assert(sizeof(QpInfo) == 68);
 
@@ -42,7 +43,8 @@ struct QpOptions {
 class QueuePairs {
  public:
   // Creates the CQ and `options.count` RC QPs and moves them to INIT. Throws railnet::Error.
-  QueuePairs(std::shared_ptr<VerbsDevice> device, const QpOptions& options);
+  // `sink` (may be null) hears about asynchronous errors of these QPs (it becomes their qp_context).
+  QueuePairs(std::shared_ptr<VerbsDevice> device, const QpOptions& options, QpEventSink* sink = nullptr);
   ~QueuePairs();
   QueuePairs(const QueuePairs&) = delete;
   QueuePairs& operator=(const QueuePairs&) = delete;
@@ -53,6 +55,7 @@ class QueuePairs {
   void connect(const QpInfo& remote);
 
   int count() const { return active_; }
+  int16_t remoteRail() const { return remoteRail_; }  // from the peer's record, once connected
   ibv_qp* qp(int index) const { return qps_[static_cast<size_t>(index)]; }
   ibv_cq* cq() const { return cq_; }
   const VerbsDevice& device() const { return *device_; }
@@ -64,6 +67,7 @@ class QueuePairs {
   std::vector<ibv_qp*> qps_;
   uint32_t psn_ = 0;
   int active_ = 0;
+  int16_t remoteRail_ = NCCL_NET_ID_UNDEF;
 };
 
 }  // namespace railnet::verbs

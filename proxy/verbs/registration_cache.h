@@ -3,6 +3,10 @@
 // costs a syscall and NIC translation entries, so a range already covered by a registration reuses it.
 // Ranges are widened to whole pages, as the NIC registers pages. Thread-safe: NCCL registers from its proxy
 // service thread while other threads use the same device.
+//
+// A registration also has a kind (the NCCL_PTR_* type it was made for): host memory, CUDA memory registered
+// through a DMA-BUF or peermem, and NCCL's own DMA-BUF fds are registered by different verbs, so a range is
+// only shared between acquires of the same kind.
 #pragma once
 
 #include <cstddef>
@@ -10,6 +14,8 @@
 #include <functional>
 #include <mutex>
 #include <vector>
+
+#include "railnet/nccl/common.h"
 
 namespace railnet::verbs {
 
@@ -32,20 +38,33 @@ class RegistrationCache {
     entries_.clear();
   }
 
-  // A registration covering [data, data + size), shared if one exists; pair each with release().
-  Registration acquire(void* data, size_t size) {
-    uintptr_t begin = reinterpret_cast<uintptr_t>(data) / pageSize_ * pageSize_;
-    uintptr_t end = (reinterpret_cast<uintptr_t>(data) + size + pageSize_ - 1) / pageSize_ * pageSize_;
-    if (end == begin) end = begin + pageSize_;  // zero bytes still need a valid key
+  // The whole pages [begin, end) that cover [data, data + size); zero bytes still cover one page (a valid key).
+  struct PageSpan {
+    uintptr_t begin;
+    uintptr_t end;
+  };
+  static PageSpan pagesOf(const void* data, size_t size, size_t pageSize) {
+    uintptr_t begin = reinterpret_cast<uintptr_t>(data) / pageSize * pageSize;
+    uintptr_t end = (reinterpret_cast<uintptr_t>(data) + size + pageSize - 1) / pageSize * pageSize;
+    if (end == begin) end = begin + pageSize;
+    return {begin, end};
+  }
+
+  // A registration of `kind` covering [data, data + size), shared if one exists; pair each with release().
+  // `doRegister`, when given, registers a new range instead of the cache's own function (e.g. with the
+  // DMA-BUF fd of this call); it receives the page-aligned range.
+  Registration acquire(void* data, size_t size, int kind = NCCL_PTR_HOST, const Register& doRegister = {}) {
+    PageSpan span = pagesOf(data, size, pageSize_);
     std::lock_guard<std::mutex> lock(mutex_);
     for (Entry& entry : entries_) {
-      if (entry.begin <= begin && end <= entry.end) {
+      if (entry.kind == kind && entry.begin <= span.begin && span.end <= entry.end) {
         ++entry.references;
         return entry.registration;
       }
     }
-    Registration registration = register_(reinterpret_cast<void*>(begin), end - begin);
-    entries_.push_back({begin, end, registration, 1});
+    const Register& make = doRegister ? doRegister : register_;
+    Registration registration = make(reinterpret_cast<void*>(span.begin), span.end - span.begin);
+    entries_.push_back({span.begin, span.end, kind, registration, 1});
     return registration;
   }
 
@@ -70,6 +89,7 @@ class RegistrationCache {
   struct Entry {
     uintptr_t begin;
     uintptr_t end;
+    int kind;
     Registration registration;
     int references;
   };

@@ -2,8 +2,10 @@
 // shares, and the memory regions registered with it.
 #pragma once
 
+#include <atomic>
 #include <memory>
 #include <string>
+#include <thread>
 
 #include "proxy/transport.h"
 #include "proxy/verbs/devices.h"
@@ -11,9 +13,19 @@
 
 namespace railnet::verbs {
 
+// Who hears about asynchronous errors of a QP: the QP's qp_context points at one (QueuePairs sets it).
+// Called from the device's async-event thread; the QP (and so the sink) cannot be destroyed while it runs,
+// because ibv_destroy_qp waits until every event reported for the QP has been acknowledged.
+class QpEventSink {
+ public:
+  virtual ~QpEventSink() = default;
+  virtual void onQpAsyncError(const std::string& what) noexcept = 0;
+};
+
 class VerbsDevice : public std::enable_shared_from_this<VerbsDevice> {
  public:
-  // Opens the port's device and allocates a PD; throws railnet::Error when the device is gone.
+  // Opens the port's device, allocates a PD and starts the device's async-event thread; throws railnet::Error
+  // when the device is gone. The destructor stops the thread at once (an eventfd wakes its poll).
   VerbsDevice(const IbvApi& api, const VerbsPort& port);
   ~VerbsDevice();
   VerbsDevice(const VerbsDevice&) = delete;
@@ -24,9 +36,15 @@ class VerbsDevice : public std::enable_shared_from_this<VerbsDevice> {
   ibv_context* context() const { return context_; }
   ibv_pd* pd() const { return pd_; }
 
-  // Registers host memory for local and remote access (railnet writes into receive buffers with RDMA WRITE),
-  // sharing a registration that already covers the range (regIsGlobal).
+  // Registers memory for local and remote access (railnet writes into receive buffers with RDMA WRITE and
+  // reads them for iflush), sharing a registration of the same kind that already covers the range
+  // (regIsGlobal). NCCL_PTR_HOST: ibv_reg_mr. NCCL_PTR_CUDA: a DMA-BUF of the page range from
+  // cuMemGetHandleForAddressRange + ibv_reg_dmabuf_mr when the port supports it, else (or when that fails)
+  // ibv_reg_mr through peermem; neither: a clear error. Throws railnet::Error.
   std::unique_ptr<MemoryRegion> registerMemory(void* data, size_t size, int type);
+  // NCCL's regMrDmaBuf: ibv_reg_dmabuf_mr with NCCL's fd, where byte `data` is at `offset`; fd < 0 is
+  // registerMemory(type), as in NCCL.
+  std::unique_ptr<MemoryRegion> registerDmabuf(void* data, size_t size, int type, uint64_t offset, int fd);
   void releaseMemory(ibv_mr* mr) { registrations_.release(mr); }
 
  private:
@@ -35,19 +53,29 @@ class VerbsDevice : public std::enable_shared_from_this<VerbsDevice> {
   ibv_context* context_ = nullptr;
   ibv_pd* pd_ = nullptr;
   RegistrationCache<ibv_mr*> registrations_;
+  int wakeFd_ = -1;
+  std::atomic<bool> stopping_{false};
+  std::thread asyncThread_;  // logs port/device events; QP errors go to the QP's QpEventSink
+
+  void asyncLoop();
+  void handleAsyncEvent(const ibv_async_event& event);
 };
 
 // A registered buffer: what isend/irecv need to address it (lkey locally, rkey for the peer).
 class VerbsRegion final : public MemoryRegion {
  public:
-  VerbsRegion(std::shared_ptr<VerbsDevice> device, ibv_mr* mr) : device_(std::move(device)), mr_(mr) {}
+  VerbsRegion(std::shared_ptr<VerbsDevice> device, ibv_mr* mr, int kind = NCCL_PTR_HOST)
+      : device_(std::move(device)), mr_(mr), kind_(kind) {}
   ~VerbsRegion() override { device_->releaseMemory(mr_); }
   uint32_t lkey() const { return mr_->lkey; }
   uint32_t rkey() const { return mr_->rkey; }
+  int kind() const { return kind_; }  // NCCL_PTR_HOST, NCCL_PTR_CUDA or NCCL_PTR_DMABUF (GPU memory)
+  bool gpuMemory() const { return kind_ != NCCL_PTR_HOST; }
 
  private:
   std::shared_ptr<VerbsDevice> device_;  // a region may outlive the comm it was registered through
   ibv_mr* mr_;
+  int kind_ = NCCL_PTR_HOST;
 };
 
 }  // namespace railnet::verbs

@@ -8,7 +8,8 @@ namespace railnet::verbs {
 
 VerbsLink::VerbsLink(std::shared_ptr<VerbsDevice> device, tcp::Fd control, const tcp::SocketAddress& peer,
                      const char* direction, const QpOptions& options)
-    : device_(device), control_(std::move(control), {}, peer, direction), qps_(std::move(device), options) {
+    : device_(device), control_(std::move(control), {}, peer, direction), qps_(std::move(device), options, this),
+      counters_(&nicCounters(device_->port().info.name, device_->port().info.railId)) {
   control_.start(nullptr);
   QpInfo info = qps_.localInfo();
   control_.sendControl(&info, sizeof(info));
@@ -38,8 +39,16 @@ bool VerbsLink::ready() {
     control_.recordFailure(error.what());
     return false;
   }
+  counters_->addConnection(device_->port().info.railId, qps_.remoteRail());
   ready_ = true;
   return true;
+}
+
+void VerbsLink::onQpAsyncError(const std::string& what) noexcept {
+  try {
+    control_.recordFailure(what);
+  } catch (...) {  // bad_alloc copying the text: the WARN the device logged still names it
+  }
 }
 
 std::string VerbsLink::describe(const ibv_wc& completion) const {

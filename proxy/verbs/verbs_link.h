@@ -4,12 +4,13 @@
 
 #include <memory>
 
+#include "proxy/nic_counters.h"
 #include "proxy/tcp/connection.h"
 #include "proxy/verbs/queue_pairs.h"
 
 namespace railnet::verbs {
 
-class VerbsLink {
+class VerbsLink final : public QpEventSink {
  public:
   // Creates the QPs (INIT) and sends our QP record. Throws railnet::Error.
   VerbsLink(std::shared_ptr<VerbsDevice> device, tcp::Fd control, const tcp::SocketAddress& peer,
@@ -22,7 +23,12 @@ class VerbsLink {
   tcp::Connection& control() { return control_; }
   QueuePairs& qps() { return qps_; }
   VerbsDevice& device() { return *device_; }
+  // The port's traffic counters (proxy/nic_counters.h), shared by every link on the port.
+  NicCounters& counters() { return *counters_; }
   std::shared_ptr<VerbsDevice> devicePtr() const { return device_; }
+
+  // A QP of this link hit a fatal asynchronous error (async-event thread): fails the connection's requests.
+  void onQpAsyncError(const std::string& what) noexcept override;
 
   // Names a failed work completion for the failure record: QP, opcode, status, vendor error.
   std::string describe(const ibv_wc& completion) const;
@@ -53,6 +59,7 @@ class VerbsLink {
   tcp::Connection control_;
   QueuePairs qps_;
   bool ready_ = false;
+  NicCounters* counters_;
 };
 
 }  // namespace railnet::verbs

@@ -4,6 +4,7 @@
 
 #include "railnet/error.h"
 #include "railnet/log.h"
+#include "railnet/settings.h"
 
 namespace railnet::verbs {
 
@@ -13,6 +14,11 @@ VerbsRecvComm::VerbsRecvComm(std::shared_ptr<VerbsDevice> device, tcp::Fd contro
                              const QpOptions& options)
     : link_(std::move(device), std::move(control), peer, "receive", options) {
   for (VerbsRecvRequest& entry : ring_) entry.comm_ = this;
+  std::string why;
+  flushMode_ = parseFlushMode(settings().ibFlush, &why);
+  if (!why.empty()) RN_WARN("NET/railnet: %s", why.c_str());
+  flushRequests_.resize(64);
+  for (VerbsFlushRequest& flush : flushRequests_) flush.comm_ = this;
   int qps = link_.qps().count();
   notices_.resize(static_cast<size_t>(qps) * kNoticesPerQp);
   noticeRegion_ = link_.device().registerMemory(notices_.data(), notices_.size() * sizeof(Notice), NCCL_PTR_HOST);
@@ -28,9 +34,8 @@ std::unique_ptr<MemoryRegion> VerbsRecvComm::regMr(void* data, size_t size, int 
   return link_.device().registerMemory(data, size, type);
 }
 
-std::unique_ptr<MemoryRegion> VerbsRecvComm::regMrDmaBuf(void*, size_t, int type, uint64_t, int) {
-  fail(ncclInvalidArgument, "NET/railnet: dmabuf registration (type %d) is not supported by the verbs transport yet",
-       type);
+std::unique_ptr<MemoryRegion> VerbsRecvComm::regMrDmaBuf(void* data, size_t size, int type, uint64_t offset, int fd) {
+  return link_.device().registerDmabuf(data, size, type, offset, fd);
 }
 
 void VerbsRecvComm::postNotice(int qpIndex, int bufferIndex) {
@@ -97,6 +102,7 @@ void VerbsRecvComm::applyNotice(const Notice& notice, uint32_t bytes) {
     memcpy(slot.data + header.offset, notice.payload, header.length);
   }
   slot.received += header.length;
+  link_.counters().addReceived(header.length);
   if (slot.received == header.messageSize) completeSlot(request, header.slot, header.messageSize);
 }
 
@@ -190,8 +196,99 @@ ncclResult_t VerbsRecvComm::irecv(int n, void** data, const size_t* sizes, const
   return ncclSuccess;
 }
 
-ncclResult_t VerbsRecvComm::iflush(int, void**, const int*, MemoryRegion**, Request** request) noexcept {
-  *request = nullptr;  // host memory: RDMA writes are visible once their notice arrived
+ncclResult_t VerbsRecvComm::iflush(int n, void** data, const int* sizes, MemoryRegion** mrs,
+                                   Request** request) noexcept {
+  *request = nullptr;
+  tcp::Connection& control = link_.control();
+  if (n < 1 || n > tcp::kMaxRecvs || data == nullptr || sizes == nullptr) {
+    RN_WARN("NET/railnet: iflush of %d buffers from %s; railnet takes 1 to %d", n, control.peerName().c_str(),
+            tcp::kMaxRecvs);
+    return ncclInvalidUsage;
+  }
+  if (flushMode_ == FlushMode::kNever) return ncclSuccess;
+  int last = flushTarget(n, sizes);
+  if (last < 0) return ncclSuccess;  // nothing arrived: nothing to make visible
+  auto* region = mrs != nullptr ? dynamic_cast<VerbsRegion*>(mrs[last]) : nullptr;
+  if (region == nullptr) {
+    RN_WARN("NET/railnet: iflush buffer %d from %s has no verbs memory registration", last, control.peerName().c_str());
+    return ncclInvalidUsage;
+  }
+  // Host memory: RDMA writes are visible once their notice arrived. GPU memory: the READ orders them.
+  if (flushMode_ == FlushMode::kAuto && !region->gpuMemory()) return ncclSuccess;
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (control.failed()) return control.reportFailure();
+  pollFlush();
+  if (flush_ && flush_->broken()) retiredFlushes_.push_back(std::move(flush_));
+  if (!flush_) {
+    try {
+      flush_ = std::make_unique<LoopbackFlush>(link_.devicePtr());
+    } catch (const std::exception& e) {
+      RN_WARN("NET/railnet: iflush for %s: cannot create the loopback QP: %s", control.peerName().c_str(), e.what());
+      return ncclSystemError;
+    }
+  }
+  VerbsFlushRequest* flush = nullptr;
+  for (VerbsFlushRequest& candidate : flushRequests_) {
+    if (!candidate.inUse_) {
+      flush = &candidate;
+      break;
+    }
+  }
+  if (flush == nullptr || flush_->inFlight() >= flush_->capacity()) {
+    RN_WARN("NET/railnet: more than %zu flushes in flight for %s", flushRequests_.size(), control.peerName().c_str());
+    return ncclInternalError;
+  }
+  flush->inUse_ = true;
+  flush->finished_ = false;
+  flush->error_.clear();
+  std::string why;
+  if (!flush_->post(reinterpret_cast<uint64_t>(flush), reinterpret_cast<uint64_t>(data[last]), region->rkey(),
+                    &why)) {
+    flush->inUse_ = false;
+    RN_WARN("NET/railnet: iflush for %s: %s", control.peerName().c_str(), why.c_str());
+    return ncclSystemError;
+  }
+  *request = flush;
+  return ncclSuccess;
+}
+
+void VerbsRecvComm::pollFlush() {
+  auto onDone = [](uint64_t wrId, bool ok, const std::string& error) {
+    auto* flush = reinterpret_cast<VerbsFlushRequest*>(wrId);
+    flush->finished_ = true;
+    if (!ok) flush->error_ = error;
+  };
+  std::string why;
+  if (flush_ && !flush_->poll(onDone, &why)) link_.control().recordFailure(why);
+  for (size_t i = 0; i < retiredFlushes_.size();) {
+    if (!retiredFlushes_[i]->poll(onDone, &why)) link_.control().recordFailure(why);
+    if (retiredFlushes_[i]->inFlight() == 0) {
+      retiredFlushes_.erase(retiredFlushes_.begin() + static_cast<std::ptrdiff_t>(i));
+    } else {
+      ++i;
+    }
+  }
+}
+
+ncclResult_t VerbsFlushRequest::test(int* done, int* sizes) noexcept {
+  (void)sizes;  // NCCL passes NULL for flushes
+  return comm_->testFlush(this, done);
+}
+
+ncclResult_t VerbsRecvComm::testFlush(VerbsFlushRequest* request, int* done) noexcept {
+  *done = 0;
+  std::lock_guard<std::mutex> lock(mutex_);
+  pollFlush();
+  if (!request->finished_) {
+    return link_.control().failed() ? link_.control().reportFailure() : ncclSuccess;
+  }
+  *done = 1;
+  request->inUse_ = false;
+  if (!request->error_.empty()) {
+    RN_WARN("NET/railnet: iflush of a receive from %s failed: %s", link_.control().peerName().c_str(),
+            request->error_.c_str());
+    return ncclSystemError;
+  }
   return ncclSuccess;
 }
 

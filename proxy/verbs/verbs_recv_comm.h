@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "proxy/tcp/wire.h"
+#include "proxy/verbs/flush.h"
 #include "proxy/verbs/notice.h"
 #include "proxy/verbs/verbs_link.h"
 
@@ -37,6 +38,20 @@ class VerbsRecvRequest final : public Request {
   bool inUse_ = false;
 };
 
+// An iflush in flight: done when its READ completes on the comm's loopback QP.
+class VerbsFlushRequest final : public Request {
+ public:
+  ncclResult_t test(int* done, int* sizes) noexcept override;
+
+ private:
+  friend class VerbsRecvComm;
+  // Guarded by the comm's mutex.
+  VerbsRecvComm* comm_ = nullptr;
+  bool inUse_ = false;
+  bool finished_ = false;
+  std::string error_;  // non-empty: the READ failed
+};
+
 class VerbsRecvComm final : public RecvComm {
  public:
   VerbsRecvComm(std::shared_ptr<VerbsDevice> device, tcp::Fd control, const tcp::SocketAddress& peer,
@@ -50,6 +65,9 @@ class VerbsRecvComm final : public RecvComm {
 
  private:
   friend class VerbsRecvRequest;
+  friend class VerbsFlushRequest;
+  ncclResult_t testFlush(VerbsFlushRequest* request, int* done) noexcept;
+  void pollFlush();  // caller holds mutex_
   static constexpr uint32_t kRing = 2 * NCCL_NET_MAX_REQUESTS;
   // Chunk-header buffers posted per QP: at most 32 receives x 8 buffers of notices can be outstanding.
   static constexpr int kNoticesPerQp = NCCL_NET_MAX_REQUESTS * tcp::kMaxRecvs;
@@ -73,6 +91,13 @@ class VerbsRecvComm final : public RecvComm {
   VerbsRecvRequest ring_[kRing];
   uint32_t nextRecvId_ = 0;
   bool controlClosed_ = false;
+  // iflush (guarded by mutex_): the loopback QP, created on the first flush. After a failed READ it is
+  // retired (polled until its other READs have completed with errors, then destroyed) and the next flush
+  // gets a fresh one: an iflush that needs a READ never answers NULL, which NCCL would take as "done".
+  FlushMode flushMode_;
+  std::unique_ptr<LoopbackFlush> flush_;
+  std::vector<std::unique_ptr<LoopbackFlush>> retiredFlushes_;
+  std::vector<VerbsFlushRequest> flushRequests_;
 };
 
 }  // namespace railnet::verbs

@@ -46,9 +46,8 @@ std::unique_ptr<MemoryRegion> VerbsSendComm::regMr(void* data, size_t size, int 
   return link_.device().registerMemory(data, size, type);
 }
 
-std::unique_ptr<MemoryRegion> VerbsSendComm::regMrDmaBuf(void*, size_t, int type, uint64_t, int) {
-  fail(ncclInvalidArgument, "NET/railnet: dmabuf registration (type %d) is not supported by the verbs transport yet",
-       type);
+std::unique_ptr<MemoryRegion> VerbsSendComm::regMrDmaBuf(void* data, size_t size, int type, uint64_t offset, int fd) {
+  return link_.device().registerDmabuf(data, size, type, offset, fd);
 }
 
 void VerbsSendComm::pumpControl() {
@@ -213,6 +212,7 @@ ncclResult_t VerbsSendComm::testRequest(VerbsSendRequest* request, int* done, in
   pollCompletions();
   if (request->pendingStripes_ == 0) {
     *done = 1;
+    link_.counters().addSent(request->size_);
     if (sizes != nullptr) *sizes = static_cast<int>(request->size_);
     requests_.release(request);
     return ncclSuccess;

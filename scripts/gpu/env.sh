@@ -1,6 +1,7 @@
 # Sourced by the GPU scripts: how to run 2 ranks on one machine as 2 fake hosts through a net plugin.
 #   NCCL_LIB_DIR   directory holding the libnccl.so.2 to use (default: torch's pip NCCL, else the system one)
 #   RANKS          processes (default: number of GPUs)
+#   RANKS_PER_HOST ranks per fake host (default 1); rank r runs on GPU r mod RANKS_PER_HOST
 set -euo pipefail
 
 if [ -z "${NCCL_LIB_DIR:-}" ]; then
@@ -21,7 +22,13 @@ mpirun_ranks() {
   mpirun --allow-run-as-root --bind-to none -np "$RANKS" \
     -x LD_LIBRARY_PATH="$NCCL_LIB_DIR:${PLUGIN_DIR:-}:${LD_LIBRARY_PATH:-}" -x NCCL_NVLS_ENABLE \
     -x NCCL_SOCKET_IFNAME -x RAILNET_IFNAME "${envs[@]}" \
-    bash -c 'export NCCL_HOSTID=fakehost$((OMPI_COMM_WORLD_RANK / $1)); shift; exec "$@"' _ "${RANKS_PER_HOST:-1}" "$@"
+    bash -c '
+      export NCCL_HOSTID=fakehost$((OMPI_COMM_WORLD_RANK / $1))
+      # Several ranks per fake host: rank r uses GPU r mod ranks-per-host (nccl-tests counts local ranks by real
+      # hostname, so it must be told), and a {rank} in NCCL_DEBUG_FILE names each rank'"'"'s log.
+      [ "$1" -gt 1 ] && export NCCL_TESTS_DEVICE=$((OMPI_COMM_WORLD_RANK % $1))
+      [ -n "${NCCL_DEBUG_FILE:-}" ] && export NCCL_DEBUG_FILE=${NCCL_DEBUG_FILE//\{rank\}/$OMPI_COMM_WORLD_RANK}
+      shift; exec "$@"' _ "${RANKS_PER_HOST:-1}" "$@"
 }
 
 # Environment that selects a transport: railnet, socket (NCCL default), socket4x4 (NCCL at its best tuning).

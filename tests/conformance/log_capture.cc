@@ -79,12 +79,14 @@ uint64_t logMark() {
   return s.nextSeq;
 }
 
-std::vector<LogRecord> warningsSince(uint64_t mark) {
+std::vector<LogRecord> warningsSince(uint64_t mark) { return recordsSince(mark, NCCL_LOG_WARN); }
+
+std::vector<LogRecord> recordsSince(uint64_t mark, int level) {
   LogStore& s = store();
   std::lock_guard<std::mutex> lock(s.mutex);
   std::vector<LogRecord> out;
   for (const LogRecord& record : s.records) {
-    if (record.seq >= mark && record.level == NCCL_LOG_WARN) out.push_back(record);
+    if (record.seq >= mark && record.level == level) out.push_back(record);
   }
   return out;
 }

@@ -30,6 +30,8 @@ uint64_t logMark();
 
 // WARN-level records logged since `mark`.
 std::vector<LogRecord> warningsSince(uint64_t mark);
+// Records of `level` (NCCL_LOG_INFO, ...) logged since `mark`.
+std::vector<LogRecord> recordsSince(uint64_t mark, int level);
 
 // True once a WARN logged since `mark` contains every string in `needles`; waits up to `timeout` because
 // the plugin may log from one of its own threads a little after the failing call returned.

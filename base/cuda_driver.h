@@ -1,0 +1,93 @@
+// The CUDA driver API (libcuda.so.1), resolved at run time. railnet never links libcuda and never includes a
+// CUDA header: the plugin must load on hosts without a GPU driver, where "CUDA absent" is a normal state
+// with a reason string, not an error.
+//
+// Loading follows NCCL's cudawrap: dlopen("libcuda.so.1"), find cuGetProcAddress_v2 (CUDA >= 12) or
+// cuGetProcAddress (11.3+) with dlsym, then ask it for each entry point by its base name and the CUDA
+// version that introduced the signature we declare, so the driver hands back the matching versioned
+// implementation. Drivers older than 11.3 (no cuGetProcAddress) fall back to dlsym of the plain names.
+//
+// The types and enum values below are copied from cuda.h (CUDA 13.0); tests/unit/test_cuda_driver.cc checks
+// them against /usr/local/cuda/include/cuda.h when that header exists on the build machine.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+namespace railnet::cuda {
+
+using CUresult = int;
+using CUdevice = int;
+using CUdeviceptr = unsigned long long;  // CUdeviceptr_v2 on 64-bit hosts
+
+constexpr CUresult CUDA_SUCCESS = 0;
+constexpr CUresult CUDA_ERROR_INVALID_VALUE = 1;
+constexpr CUresult CUDA_ERROR_NOT_INITIALIZED = 3;
+constexpr CUresult CUDA_ERROR_DEINITIALIZED = 4;
+constexpr CUresult CUDA_ERROR_NO_DEVICE = 100;
+constexpr CUresult CUDA_ERROR_INVALID_CONTEXT = 201;
+constexpr CUresult CUDA_ERROR_NOT_SUPPORTED = 801;
+
+// CUdevice_attribute
+constexpr int CU_DEVICE_ATTRIBUTE_PCI_BUS_ID = 33;
+constexpr int CU_DEVICE_ATTRIBUTE_PCI_DEVICE_ID = 34;
+constexpr int CU_DEVICE_ATTRIBUTE_PCI_DOMAIN_ID = 50;
+constexpr int CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_SUPPORTED = 116;
+constexpr int CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED = 124;
+
+// CUpointer_attribute
+constexpr int CU_POINTER_ATTRIBUTE_CONTEXT = 1;
+constexpr int CU_POINTER_ATTRIBUTE_MEMORY_TYPE = 2;
+constexpr int CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL = 9;
+
+// CUmemorytype
+constexpr unsigned CU_MEMORYTYPE_HOST = 0x01;
+constexpr unsigned CU_MEMORYTYPE_DEVICE = 0x02;
+constexpr unsigned CU_MEMORYTYPE_ARRAY = 0x03;
+constexpr unsigned CU_MEMORYTYPE_UNIFIED = 0x04;
+
+// CUmemRangeHandleType and the cuMemGetHandleForAddressRange flags
+constexpr int CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD = 0x1;
+constexpr unsigned long long CU_MEM_RANGE_FLAG_DMA_BUF_MAPPING_TYPE_PCIE = 0x1;
+
+// CUdriverProcAddressQueryResult / CUdriverProcAddress_flags
+constexpr int CU_GET_PROC_ADDRESS_SUCCESS = 0;
+constexpr unsigned long long CU_GET_PROC_ADDRESS_DEFAULT = 0;
+
+struct DriverApi {
+  CUresult (*cuInit)(unsigned int flags) = nullptr;
+  CUresult (*cuDriverGetVersion)(int* version) = nullptr;
+  CUresult (*cuDeviceGetCount)(int* count) = nullptr;
+  CUresult (*cuDeviceGet)(CUdevice* device, int ordinal) = nullptr;
+  CUresult (*cuDeviceGetPCIBusId)(char* busId, int length, CUdevice device) = nullptr;
+  CUresult (*cuDeviceGetAttribute)(int* value, int attribute, CUdevice device) = nullptr;
+  CUresult (*cuPointerGetAttribute)(void* data, int attribute, CUdeviceptr pointer) = nullptr;
+  CUresult (*cuCtxGetDevice)(CUdevice* device) = nullptr;
+  // Optional (CUDA >= 11.7): null on older drivers, which then cannot export DMA-BUFs.
+  CUresult (*cuMemGetHandleForAddressRange)(void* handle, CUdeviceptr pointer, size_t size, int handleType,
+                                            unsigned long long flags) = nullptr;
+  // Optional: error names for log lines.
+  CUresult (*cuGetErrorString)(CUresult error, const char** text) = nullptr;
+
+  int driverVersion = 0;  // cuDriverGetVersion, e.g. 12040; 0 when it failed
+  std::string path;       // the file dlopen found
+
+  // "CUDA_ERROR_xxx (n)" when the driver names it, else "CUresult n".
+  std::string errorText(CUresult result) const;
+};
+
+// Loads libcuda.so.1 once per process (thread-safe, lazy) and resolves the symbols above. Returns nullptr and
+// sets *why ("libcuda.so.1 not found: ..." / "symbol cuXxx missing ...") when the driver cannot be used; `why`
+// may be null. Later calls return the same answer. Does not call cuInit: see initDriver().
+const DriverApi* loadDriver(std::string* why);
+
+// loadDriver() plus cuInit(0) once per process. Returns nullptr with *why set when the driver is absent or
+// cuInit fails (e.g. "cuInit: CUDA_ERROR_NO_DEVICE (100)").
+const DriverApi* initDriver(std::string* why);
+
+// Uncached load of a specific library file, for tests (a library without the CUDA symbols must give a clear
+// "missing" reason). The handle of a successful load is leaked on purpose, as loadDriver's is.
+bool loadDriverFrom(const char* library, DriverApi* api, std::string* why);
+
+}  // namespace railnet::cuda

@@ -1,0 +1,47 @@
+// Process-wide traffic counters per physical NIC: bytes each way, connections, and connections whose two ends
+// sit on different rails (the ones that cross the spine on a rail-optimized fabric). Transports add to them on
+// their data paths (relaxed atomics, no locks after lookup); railnet logs them when the last comm closes and
+// railnet-bench / tests read snapshots.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace railnet {
+
+struct NicCounters {
+  std::atomic<uint64_t> bytesSent{0};
+  std::atomic<uint64_t> bytesReceived{0};
+  std::atomic<uint64_t> connections{0};
+  std::atomic<uint64_t> crossRailConnections{0};
+
+  void addSent(uint64_t bytes) { bytesSent.fetch_add(bytes, std::memory_order_relaxed); }
+  void addReceived(uint64_t bytes) { bytesReceived.fetch_add(bytes, std::memory_order_relaxed); }
+  // One established connection (either side); railIds use NCCL_NET_ID_UNDEF (-1) when unknown, which never
+  // counts as cross-rail.
+  void addConnection(int localRail, int remoteRail) {
+    connections.fetch_add(1, std::memory_order_relaxed);
+    if (localRail >= 0 && remoteRail >= 0 && localRail != remoteRail) {
+      crossRailConnections.fetch_add(1, std::memory_order_relaxed);
+    }
+  }
+};
+
+struct NicCounterSnapshot {
+  std::string nic;
+  int railId;
+  uint64_t bytesSent;
+  uint64_t bytesReceived;
+  uint64_t connections;
+  uint64_t crossRailConnections;
+};
+
+// The counters of the NIC named `nic` (created on first use; the reference stays valid for the process's life).
+NicCounters& nicCounters(const std::string& nic, int railId);
+std::vector<NicCounterSnapshot> nicCounterSnapshot();
+// One line per NIC that carried traffic: "<nic> rail <r>: sent X B, received Y B, N connection(s), M cross-rail".
+std::vector<std::string> nicCounterLines();
+
+}  // namespace railnet

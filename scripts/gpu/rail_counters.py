@@ -1,0 +1,51 @@
+#!/usr/bin/env python3
+"""Reads the per-rank NCCL logs of a rail check (nccl-rank<R>.log) and checks railnet's per-NIC counters:
+rank R runs on GPU R mod ranks-per-host, and all its network bytes must go through the NIC of rail (R mod
+ranks-per-host), with no cross-rail connection. Prints one line per rank; exits 1 if any rank strays."""
+import argparse
+import pathlib
+import re
+import sys
+
+COUNTER = re.compile(r"(\S+) rail (-?\d+): sent (\d+) B, received (\d+) B, (\d+) connection\(s\), (\d+) cross-rail")
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("directory")
+    parser.add_argument("--ranks-per-host", type=int, default=2)
+    args = parser.parse_args()
+    logs = sorted(pathlib.Path(args.directory).glob("nccl-rank*.log"),
+                  key=lambda p: int(re.sub(r"\D", "", p.stem) or 0))
+    if not logs:
+        print("no nccl-rank*.log files: was NCCL_DEBUG_FILE set?")
+        return 1
+    bad = 0
+    for log in logs:
+        rank = int(re.sub(r"\D", "", log.stem))
+        rail = rank % args.ranks_per_host
+        per_nic = {}
+        for line in log.read_text(errors="replace").splitlines():
+            match = COUNTER.search(line)
+            if match:
+                nic, nic_rail, sent, received, conns, cross = match.groups()
+                # The last report wins: counters are cumulative over the process's life.
+                per_nic[nic] = (int(nic_rail), int(sent), int(received), int(conns), int(cross))
+        if not per_nic:
+            print(f"rank {rank} (GPU {rail}): no railnet NIC counters in {log.name}")
+            bad += 1
+            continue
+        own = sum(s + r for nr, s, r, _, _ in per_nic.values() if nr == rail)
+        other = sum(s + r for nr, s, r, _, _ in per_nic.values() if nr != rail)
+        cross = sum(c for *_, c in per_nic.values())
+        detail = ", ".join(f"{nic} (rail {nr}) sent {s} B received {r} B, {c} conn, {x} cross"
+                           for nic, (nr, s, r, c, x) in sorted(per_nic.items()))
+        ok = own > 0 and other == 0 and cross == 0
+        bad += not ok
+        print(f"rank {rank} GPU {rail}: {'ok' if ok else 'STRAYED'}: own rail {own} B, other rails {other} B, "
+              f"{cross} cross-rail connection(s) [{detail}]")
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

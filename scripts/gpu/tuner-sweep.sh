@@ -1,0 +1,90 @@
+#!/usr/bin/env bash
+# Tuner sweep on a GPU machine through railnet: 2 ranks as 2 fake hosts (NCCL_HOSTID, scripts/gpu/env.sh).
+#   scripts/gpu/tuner-sweep.sh PLUGIN_SO NCCL_TESTS_BIN_DIR OUT_DIR [--quick]
+# (a) every algorithm/protocol NCCL allows, forced (NCCL_ALGO/NCCL_PROTO, no tuner): OUT/forced/COLL__ALGO_PROTO.log
+# (b) NCCL's own choice, no tuner (NCCL_TUNER_PLUGIN=none):                         OUT/default/COLL.log
+#     railnet-tune calibrate OUT/forced/*.log -> OUT/calibration.csv
+# (c) railnet's tuner on, found in the net .so, with that calibration:              OUT/tuner/COLL.log
+# (d) one all_reduce with the tuner loaded by name (NCCL_TUNER_PLUGIN=railnet):      OUT/tuner-by-name/
+# then scripts/gpu/tuner_compare.py OUT > OUT/compare.txt. It never builds nccl-tests.
+# RAILNET_TUNE: the railnet-tune binary (default: next to the .so in a build dir, else on PATH).
+# SWEEP_COLLS: collectives (default all_reduce all_gather reduce_scatter broadcast).
+# SWEEP_CHANNELS: optional channel counts (e.g. "2 8"): each forced combination runs again per count with
+#   NCCL_MIN_NCHANNELS=NCCL_MAX_NCHANNELS=N, so the calibration can choose channels too (multiplies the time).
+# LL_MAX: largest size for forced LL runs (default 64M): LL moves ~1 GB/s over TCP, so its 1 GiB rows cost
+#   ~15 s each and never win; above LL_MAX the tuner simply has no LL measurement and never picks LL.
+set -euo pipefail
+PLUGIN=$(realpath "$1"); TESTS=$(realpath "$2"); OUT=$3; QUICK=${4:-}
+PLUGIN_DIR=$(dirname "$PLUGIN")
+here=$(dirname "$(realpath "$0")")
+RANKS=${RANKS:-2}
+source "$here/env.sh"
+NODES=$((RANKS / ${RANKS_PER_HOST:-1}))
+TUNE=${RAILNET_TUNE:-$PLUGIN_DIR/plugin/tools/railnet-tune}
+[ -x "$TUNE" ] || TUNE=$(command -v railnet-tune || true)
+[ -n "$TUNE" ] || { echo "railnet-tune not found: set RAILNET_TUNE" >&2; exit 2; }
+max=1G
+[ "$QUICK" = "--quick" ] && max=16M
+common=(-b 8 -e "$max" -f 2 -g 1 -c 0 -w 2 -n 5)
+COLLS=${SWEEP_COLLS:-"all_reduce all_gather reduce_scatter broadcast"}
+mkdir -p "$OUT"/{forced,default,tuner,tuner-by-name}
+summary="$OUT/sweep-summary.txt"
+echo "# tuner sweep: $RANKS ranks on $NODES fake hosts, plugin $PLUGIN, NCCL from $NCCL_LIB_DIR" | tee "$summary"
+
+# run LOG ENV... -- BINARY ARGS...: one nccl-tests run through railnet; the log starts with a railnet-tune line.
+run() {
+  local log=$1 header=$2; shift 2
+  local start=$SECONDS status=0
+  echo "# railnet-tune: $header" > "$log"
+  mpirun_ranks NCCL_NET_PLUGIN="$PLUGIN" NCCL_NET=railnet "$@" >> "$log" 2>&1 || status=$?
+  echo "$(basename "$log" .log) rc=$status $((SECONDS - start)) s" | tee -a "$summary"
+}
+
+# What NCCL 2.28 allows per collective (PAT only with Simple; Tree only for allreduce here).
+combos() {
+  case "$1" in
+    all_reduce) echo "Ring:LL Ring:LL128 Ring:Simple Tree:LL Tree:LL128 Tree:Simple" ;;
+    all_gather|reduce_scatter) echo "Ring:LL Ring:LL128 Ring:Simple PAT:Simple" ;;
+    *) echo "Ring:LL Ring:LL128 Ring:Simple" ;;
+  esac
+}
+
+for coll in $COLLS; do
+  for combo in $(combos "$coll"); do
+    algo=${combo%%:*}; proto=${combo##*:}
+    args=("${common[@]}")
+    [ "$proto" = LL ] && [ "$QUICK" != "--quick" ] && args=(-b 8 -e "${LL_MAX:-64M}" "${common[@]:4}")
+    run "$OUT/forced/${coll}__${algo}_${proto}.log" "coll=$coll algo=$algo proto=$proto" \
+      NCCL_DEBUG=WARN NCCL_TUNER_PLUGIN=none NCCL_ALGO="$algo" NCCL_PROTO="$proto" -- "$TESTS/${coll}_perf" "${args[@]}"
+    for channels in ${SWEEP_CHANNELS:-}; do
+      run "$OUT/forced/${coll}__${algo}_${proto}__ch${channels}.log" \
+        "coll=$coll algo=$algo proto=$proto channels=$channels" NCCL_DEBUG=WARN NCCL_TUNER_PLUGIN=none \
+        NCCL_ALGO="$algo" NCCL_PROTO="$proto" NCCL_MIN_NCHANNELS="$channels" NCCL_MAX_NCHANNELS="$channels" -- \
+        "$TESTS/${coll}_perf" "${args[@]}"
+    done
+  done
+  run "$OUT/default/${coll}.log" "coll=$coll" NCCL_DEBUG=WARN NCCL_TUNER_PLUGIN=none -- \
+    "$TESTS/${coll}_perf" "${common[@]}"
+done
+
+"$TUNE" calibrate "$OUT"/forced/*.log -o "$OUT/calibration.csv" --nodes "$NODES" | tee -a "$summary"
+
+for coll in $COLLS; do
+  run "$OUT/tuner/${coll}.log" "coll=$coll" NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,TUNING,ENV \
+    NCCL_DEBUG_FILE="$OUT/tuner/${coll}.rank{rank}.nccl.txt" RAILNET_TUNER_FILE="$(realpath "$OUT/calibration.csv")" \
+    -- "$TESTS/${coll}_perf" "${common[@]}"
+done
+# By name: NCCL_TUNER_PLUGIN=railnet opens libnccl-tuner-railnet.so (PLUGIN_DIR is on LD_LIBRARY_PATH).
+run "$OUT/tuner-by-name/all_reduce.log" "coll=all_reduce" NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,TUNING,ENV \
+  NCCL_DEBUG_FILE="$OUT/tuner-by-name/all_reduce.rank{rank}.nccl.txt" NCCL_TUNER_PLUGIN=railnet \
+  RAILNET_TUNER_FILE="$(realpath "$OUT/calibration.csv")" -- "$TESTS/all_reduce_perf" -b 8 -e 16M -f 4 -g 1 -c 1 -w 1 -n 3
+
+# Proof that NCCL loaded railnet's tuner both ways (NCCL 2.28: "TUNER/Plugin: Using railnet (v5)" and railnet's
+# own "TUNER/railnet: tuner ABI v5" per communicator).
+for dir in tuner tuner-by-name; do
+  echo "$dir: $(cat "$OUT/$dir"/*.nccl.txt 2>/dev/null | grep -c 'TUNER/railnet: tuner ABI v') tuner init lines;" \
+       "$(cat "$OUT/$dir"/*.nccl.txt 2>/dev/null | grep -m1 -o 'TUNER/Plugin: Using [^ ]* (v[0-9]*)' || echo 'no NCCL line')," \
+       "$(cat "$OUT/$dir"/*.nccl.txt 2>/dev/null | grep -m1 -o 'TUNER/railnet: tuner ABI v[0-9]*' || echo 'NOT LOADED')" \
+       | tee -a "$summary"
+done
+python3 "$here/tuner_compare.py" "$OUT" | tee "$OUT/compare.txt"

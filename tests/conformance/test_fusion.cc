@@ -1,0 +1,331 @@
+// NIC fusion over emulated rails (group "fusion"): RAILNET_TCP_ADDRESSES turns loopback addresses into TCP
+// devices, makeVDevice (ABI v9+) fuses them, and data must arrive intact through fused comms while the per-NIC
+// counters that railnet logs at the last close show which NICs carried it. Needs the environment that the
+// meson test "conformance-fusion" sets: RAILNET_TCP_ADDRESSES=127.0.1.1,127.0.2.1,127.0.3.1.
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "comms.h"
+#include "harness.h"
+#include "log_capture.h"
+#include "transfer.h"
+
+namespace conformance {
+namespace {
+
+constexpr size_t KiB = size_t{1} << 10;
+constexpr size_t MiB = size_t{1} << 20;
+constexpr size_t kDefaultMinStripe = 256 * KiB;  // RAILNET_FUSION_MIN_STRIPE_BYTES' default
+constexpr size_t kInlineBytes = 64 * KiB;         // RAILNET_TCP_INLINE_BYTES' default
+
+// This pass's own load of the plugin (fusion state is per load), its API, and its raw makeVDevice.
+struct FusionLoad {
+  explicit FusionLoad(const TestEnv& env) : library(options().plugin), net(library.api(env.version)) {
+    REQUIRE(net != nullptr, "symbol vanished on reload");
+    raw = library.symbol(symbolName(env.version).c_str());
+  }
+  // makeVDevice through the version's own table and props struct; returns the result, *d the new index.
+  ncclResult_t makeVDevice(int version, const std::vector<int>& devs, int* d) const {
+    auto fill = [&](auto& props) {
+      constexpr int kMax = static_cast<int>(sizeof(props.devs) / sizeof(props.devs[0]));
+      props.ndevs = static_cast<int>(devs.size());
+      for (int i = 0; i < static_cast<int>(devs.size()) && i < kMax; ++i) props.devs[i] = devs[static_cast<size_t>(i)];
+    };
+    switch (version) {
+      case 9: { ncclNetVDeviceProps_v9_t p{}; fill(p); return static_cast<ncclNet_v9_t*>(raw)->makeVDevice(d, &p); }
+      case 10: { ncclNetVDeviceProps_v10_t p{}; fill(p); return static_cast<ncclNet_v10_t*>(raw)->makeVDevice(d, &p); }
+      case 11: { ncclNetVDeviceProps_v11_t p{}; fill(p); return static_cast<ncclNet_v11_t*>(raw)->makeVDevice(d, &p); }
+      case 12: { ncclNetVDeviceProps_v12_t p{}; fill(p); return static_cast<ncclNet_v12_t*>(raw)->makeVDevice(d, &p); }
+      default: fail(__FILE__, __LINE__, strf("v%d has no makeVDevice", version));
+    }
+  }
+  PluginLibrary library;
+  std::unique_ptr<NetApi> net;
+  void* raw = nullptr;
+};
+
+int maxChildren(int version) { return version >= 12 ? 8 : 4; }
+
+int deviceCount(NetApi& net) {
+  int n = 0;
+  REQUIRE_OK(net.devices(&n));
+  return n;
+}
+
+// The loopback rails' device indices in RAILNET_TCP_ADDRESSES order.
+std::vector<int> loopbackRails(NetApi& net) {
+  std::vector<int> rails;
+  const int n = deviceCount(net);
+  for (int dev = 0; dev < n; ++dev) {
+    DeviceProps props;
+    REQUIRE_OK(net.getProperties(dev, &props));
+    const bool loopbackRail = props.name != nullptr && std::strncmp(props.name, "lo@127.0.", 9) == 0;
+    if (props.vNdevs == 1 && loopbackRail) rails.push_back(dev);
+  }
+  REQUIRE(rails.size() >= 3, strf("found %zu devices named lo@127.0.*; run with "
+                                  "RAILNET_TCP_ADDRESSES=127.0.1.1,127.0.2.1,127.0.3.1", rails.size()));
+  return rails;
+}
+
+int fuse(const FusionLoad& load, int version, const std::vector<int>& devs) {
+  const int before = deviceCount(*load.net);
+  int d = -1;
+  REQUIRE_OK(load.makeVDevice(version, devs, &d));
+  REQUIRE(d == before, strf("the virtual device got index %d; NCCL expects it after the %d existing ones", d, before));
+  REQUIRE(deviceCount(*load.net) == before + 1, "devices() must count the new virtual device");
+  return d;
+}
+
+// One NIC's counters as logged at the last close ("NET/railnet: NIC <nic> rail <r>: sent X B, received Y B,
+// N connection(s), M cross-rail").
+struct NicLine {
+  unsigned long long sent = 0, received = 0, connections = 0, crossRail = 0;
+};
+
+std::map<std::string, NicLine> nicLinesSince(uint64_t mark) {
+  std::map<std::string, NicLine> out;
+  for (const LogRecord& record : recordsSince(mark, NCCL_LOG_INFO)) {
+    const std::string prefix = "NET/railnet: NIC ";
+    const size_t at = record.text.find(prefix);
+    if (at == std::string::npos) continue;
+    const std::string rest = record.text.substr(at + prefix.size());
+    const size_t space = rest.find(' ');
+    NicLine line;
+    int rail = 0;
+    if (std::sscanf(rest.c_str() + space, " rail %d: sent %llu B, received %llu B, %llu connection(s), %llu cross-rail",
+                    &rail, &line.sent, &line.received, &line.connections, &line.crossRail) != 5) {
+      fail(__FILE__, __LINE__, "unparsable NIC counter line: " + record.text);
+    }
+    out[rest.substr(0, space)] = line;  // the latest line of each NIC wins
+  }
+  return out;
+}
+
+// Counters after `body` minus before, per NIC, read from the lines logged when the last comm closed.
+struct CounterDelta {
+  std::map<std::string, NicLine> before, after;
+  NicLine of(const std::string& nic) const {
+    NicLine a = after.count(nic) ? after.at(nic) : NicLine{};
+    NicLine b = before.count(nic) ? before.at(nic) : NicLine{};
+    return NicLine{a.sent - b.sent, a.received - b.received, a.connections - b.connections, a.crossRail - b.crossRail};
+  }
+};
+
+std::string nameOf(NetApi& net, int dev) {
+  DeviceProps props;
+  REQUIRE_OK(net.getProperties(dev, &props));
+  return props.name;
+}
+
+// A pair whose sender is on sendDev and whose receiver listens on recvDev (they may differ: cross-rail).
+struct CrossPair {
+  CrossPair(NetApi& net, int sendDev, int recvDev)
+      : sendCtx(net, nextCommId()), recvCtx(net, nextCommId()) {
+    ConnHandle handle;
+    Comm listener = listenOn(net, recvCtx.get(), recvDev, &handle);
+    ThreadGroup threads;
+    const Deadline deadline(threads.abortFlag());
+    ConnHandle remote = handle;
+    threads.spawn([&] { conn.send = connectLoop(net, sendCtx.get(), sendDev, remote, deadline); });
+    threads.spawn([&] {
+      conn.recv = acceptLoop(net, listener.get(), deadline);
+      REQUIRE_OK(listener.close());
+    });
+    threads.join();
+  }
+  NetContext sendCtx;
+  NetContext recvCtx;
+  Connection conn;
+};
+
+}  // namespace
+
+TEST_CASE("fusion", "make_vdevice", Scope::PerVersionOwnLoad) {
+  FusionLoad load(env);
+  NetApi& net = *load.net;
+  NetContext ctx(net, nextCommId());
+  const std::vector<int> rails = loopbackRails(net);
+  // Emulated rails: one device per address, rail = position in the list (distinct, defined).
+  if (env.version >= 12) {
+    for (size_t i = 0; i < rails.size(); ++i) {
+      DeviceProps props;
+      REQUIRE_OK(net.getProperties(rails[i], &props));
+      REQUIRE(props.railId >= 0, strf("%s has no rail id", props.name));
+      for (size_t j = 0; j < i; ++j) {
+        DeviceProps other;
+        REQUIRE_OK(net.getProperties(rails[j], &other));
+        REQUIRE(other.railId != props.railId, strf("%s and %s share rail %d", props.name, other.name, props.railId));
+      }
+    }
+  }
+  if (env.version < 9) return;  // v8 has no makeVDevice
+  DeviceProps a, b;
+  REQUIRE_OK(net.getProperties(rails[0], &a));
+  REQUIRE_OK(net.getProperties(rails[1], &b));
+  const std::string expectedName = std::string(a.name) + "+" + b.name;
+  const int d = fuse(load, env.version, {rails[0], rails[1]});
+  DeviceProps v;
+  REQUIRE_OK(net.getProperties(d, &v));
+  REQUIRE(v.name != nullptr && expectedName == v.name, strf("virtual device named \"%s\", expected \"%s\"",
+                                                            v.name ? v.name : "(null)", expectedName.c_str()));
+  REQUIRE(v.vNdevs == 2 && v.vDevs[0] == rails[0] && v.vDevs[1] == rails[1],
+          strf("vProps = %d {%d, %d}", v.vNdevs, v.vDevs[0], v.vDevs[1]));
+  REQUIRE(v.speed == a.speed + b.speed, strf("speed %d, children %d + %d", v.speed, a.speed, b.speed));
+  REQUIRE(v.ptrSupport == a.ptrSupport && v.maxRecvs == a.maxRecvs, "a virtual device keeps its children's abilities");
+  // Physical devices keep their own one-device vProps.
+  DeviceProps again;
+  REQUIRE_OK(net.getProperties(rails[0], &again));
+  REQUIRE(again.vNdevs == 1 && again.vDevs[0] == rails[0], "a child's vProps changed");
+  // All three rails: a second virtual device, indexed after the first.
+  const int d3 = fuse(load, env.version, {rails[0], rails[1], rails[2]});
+  REQUIRE(d3 == d + 1, "virtual devices are indexed in creation order");
+  REQUIRE_OK(net.getProperties(d3, &v));
+  REQUIRE(v.vNdevs == 3, strf("vProps.ndevs = %d", v.vNdevs));
+
+  // Refusals: NCCL marks the devices unmergeable and goes on, so each must fail cleanly and add nothing.
+  const int count = deviceCount(net);
+  int out = -1;
+  const uint64_t mark = logMark();
+  REQUIRE(load.makeVDevice(env.version, {}, &out) != ncclSuccess, "zero children accepted");
+  REQUIRE(load.makeVDevice(env.version, {rails[0], rails[0]}, &out) != ncclSuccess, "a duplicate child accepted");
+  REQUIRE(load.makeVDevice(env.version, {rails[0], count + 5}, &out) != ncclSuccess, "a missing device accepted");
+  REQUIRE(load.makeVDevice(env.version, {rails[0], d}, &out) != ncclSuccess, "a virtual child accepted");
+  std::vector<int> tooMany(static_cast<size_t>(maxChildren(env.version) + 1), rails[0]);
+  REQUIRE(load.makeVDevice(env.version, tooMany, &out) != ncclSuccess, "more children than vProps holds accepted");
+  REQUIRE(deviceCount(net) == count, "a refused makeVDevice changed devices()");
+  REQUIRE(warningsSince(mark).size() >= 5, "every refusal must be logged with its reason:\n" + describeWarnings(mark));
+}
+
+TEST_CASE("fusion", "data_sizes", Scope::PerVersionOwnLoad) {
+  if (env.version < 9) return;
+  FusionLoad load(env);
+  NetApi& net = *load.net;
+  NetContext ctx(net, nextCommId());
+  const std::vector<int> rails = loopbackRails(net);
+  const int d = fuse(load, env.version, {rails[0], rails[1]});
+  size_t limit = options().maxSize;
+  if (!env.heavy) limit = std::min(limit, 64 * MiB);
+  std::vector<size_t> sizes = {0, 1, 127, 128, 129, kInlineBytes, kInlineBytes + 1, 2 * kDefaultMinStripe - 1,
+                               2 * kDefaultMinStripe, 2 * kDefaultMinStripe + 1, 3 * kDefaultMinStripe + 129,
+                               MiB + 3, 8 * MiB + 4097, 64 * MiB - 3};
+  if (env.heavy) sizes.push_back(size_t{1} << 30);
+  std::vector<size_t> chosen;
+  for (size_t s : sizes) {
+    if (s <= limit) chosen.push_back(s);
+  }
+  {
+    LinkedPair pair(net, d);
+    runTransfer(net, pair.conn, simplePlan(chosen, 1, 91));
+    std::vector<size_t> reversed(chosen.rbegin(), chosen.rend());
+    runTransfer(net, pair.conn, simplePlan(reversed, 4, 92));
+  }
+  // Three NICs, random sizes up to 8 MiB, a deep window.
+  const int d3 = fuse(load, env.version, {rails[0], rails[1], rails[2]});
+  LinkedPair pair(net, d3);
+  std::mt19937_64 rng(93);
+  std::vector<size_t> mixed;
+  for (int i = 0; i < 200; ++i) mixed.push_back(randomSize(rng, std::min(limit, 8 * MiB)));
+  runTransfer(net, pair.conn, simplePlan(mixed, 8, 94));
+}
+
+TEST_CASE("fusion", "grouped", Scope::PerVersionOwnLoad) {
+  if (env.version < 9) return;
+  FusionLoad load(env);
+  NetApi& net = *load.net;
+  NetContext ctx(net, nextCommId());
+  const std::vector<int> rails = loopbackRails(net);
+  const int d = fuse(load, env.version, {rails[0], rails[1], rails[2]});
+  DeviceProps props;
+  REQUIRE_OK(net.getProperties(d, &props));
+  const int n = std::min(props.maxRecvs, 8);
+  REQUIRE(n > 1, "a fused TCP device keeps grouped receives");
+  // Grouped receives of n tags, buffers from tiny to a few stripes, sends no larger than their buffer.
+  std::mt19937_64 rng(95);
+  Plan plan;
+  plan.seed = 95;
+  plan.sendWindow = 4;
+  plan.recvWindow = 2;
+  const size_t capacities[] = {1, 4 * KiB, kInlineBytes + 1, 2 * kDefaultMinStripe, 3 * MiB + 5};
+  for (int g = 0; g < 12; ++g) {
+    RecvGroup group;
+    for (int t = 0; t < n; ++t) {
+      const size_t cap = capacities[static_cast<size_t>(g + t) % 5];
+      group.push_back({t, cap});
+      plan.sends.push_back({t, g % 3 == 0 ? cap : randomSize(rng, cap)});
+    }
+    plan.recvs.push_back(group);
+  }
+  LinkedPair pair(net, d);
+  runTransfer(net, pair.conn, plan);
+}
+
+TEST_CASE("fusion", "nic_counters", Scope::PerVersionOwnLoad) {
+  FusionLoad load(env);
+  NetApi& net = *load.net;
+  NetContext ctx(net, nextCommId());
+  const std::vector<int> rails = loopbackRails(net);
+  const std::string nic0 = nameOf(net, rails[0]);
+  const std::string nic1 = nameOf(net, rails[1]);
+  // Physical device, then (v9+) a fused one; the counters are read from the lines logged at each last close.
+  auto measure = [&](int sendDev, int recvDev, const std::vector<size_t>& sizes) {
+    CounterDelta delta;
+    const uint64_t mark = logMark();
+    { CrossPair empty(net, sendDev, recvDev); }  // no traffic: logs the counters so far at its close
+    delta.before = nicLinesSince(mark);
+    REQUIRE(!delta.before.empty(), "no \"NET/railnet: NIC ...\" line logged when the last comm closed");
+    const uint64_t mark2 = logMark();
+    {
+      CrossPair pair(net, sendDev, recvDev);
+      runTransfer(net, pair.conn, simplePlan(sizes, 1, 97));
+    }
+    delta.after = nicLinesSince(mark2);
+    return delta;
+  };
+
+  // Same rail on a physical device: one connection each way on NIC 0, nothing cross-rail, bytes exact.
+  CounterDelta plain = measure(rails[0], rails[0], {3 * MiB});
+  REQUIRE(plain.of(nic0).sent == 3 * MiB && plain.of(nic0).received == 3 * MiB,
+          strf("%s sent %llu, received %llu", nic0.c_str(), plain.of(nic0).sent, plain.of(nic0).received));
+  REQUIRE(plain.of(nic0).connections == 2 && plain.of(nic0).crossRail == 0,
+          strf("%llu connections, %llu cross-rail", plain.of(nic0).connections, plain.of(nic0).crossRail));
+  REQUIRE(plain.of(nic1).sent == 0 && plain.of(nic1).connections == 0, "NIC 1 counted traffic it did not carry");
+
+  // Rail 0 to rail 1: both ends count one cross-rail connection; the bytes leave NIC 0 and arrive on NIC 1.
+  CounterDelta cross = measure(rails[0], rails[1], {MiB});
+  REQUIRE(cross.of(nic0).crossRail == 1 && cross.of(nic1).crossRail == 1,
+          strf("cross-rail %llu / %llu", cross.of(nic0).crossRail, cross.of(nic1).crossRail));
+  REQUIRE(cross.of(nic0).sent == MiB && cross.of(nic1).received == MiB && cross.of(nic0).received == 0 &&
+              cross.of(nic1).sent == 0,
+          strf("sent %llu/%llu received %llu/%llu", cross.of(nic0).sent, cross.of(nic1).sent, cross.of(nic0).received,
+               cross.of(nic1).received));
+  if (env.version < 9) return;
+
+  const int d = fuse(load, env.version, {rails[0], rails[1]});
+  // A small message (over the inline limit, under two stripes): one NIC carries all of it.
+  const size_t small = 2 * kDefaultMinStripe - 128;
+  CounterDelta one = measure(d, d, {small});
+  const bool on0 = one.of(nic0).sent == small && one.of(nic1).sent == 0;
+  const bool on1 = one.of(nic1).sent == small && one.of(nic0).sent == 0;
+  REQUIRE(on0 || on1, strf("a %zu-byte message: %s sent %llu, %s sent %llu", small, nic0.c_str(), one.of(nic0).sent,
+                           nic1.c_str(), one.of(nic1).sent));
+  REQUIRE(one.of(nic0).received + one.of(nic1).received == small, "received bytes do not add up");
+  REQUIRE(one.of(nic0).connections == 2 && one.of(nic1).connections == 2 && one.of(nic0).crossRail == 0,
+          "a fused comm counts one connection per NIC at each end, none cross-rail (lane r to rail r)");
+  // Two small messages in a row: round-robin puts them on different NICs.
+  CounterDelta two = measure(d, d, {small, small});
+  REQUIRE(two.of(nic0).sent == small && two.of(nic1).sent == small,
+          strf("two small messages: %llu / %llu", two.of(nic0).sent, two.of(nic1).sent));
+  // A large message: split evenly over both NICs.
+  const size_t large = 8 * MiB;
+  CounterDelta split = measure(d, d, {large});
+  REQUIRE(split.of(nic0).sent == large / 2 && split.of(nic1).sent == large / 2,
+          strf("an 8 MiB message: %s sent %llu, %s sent %llu", nic0.c_str(), split.of(nic0).sent, nic1.c_str(),
+               split.of(nic1).sent));
+  REQUIRE(split.of(nic0).received == large / 2 && split.of(nic1).received == large / 2, "received split differs");
+}
+
+}  // namespace conformance

@@ -1,0 +1,33 @@
+// iflush decisions of the verbs transport (proxy/verbs/flush.h). The READ itself runs on soft-RoCE in the
+// conformance check verbs.iflush (tests/conformance/test_verbs.cc).
+#include <catch2/catch.hpp>
+
+#include <string>
+
+#include "proxy/verbs/flush.h"
+
+using namespace railnet::verbs;
+
+TEST_CASE("flush: RAILNET_IB_FLUSH values", "[verbs][flush]") {
+  std::string why;
+  CHECK(parseFlushMode("auto", &why) == FlushMode::kAuto);
+  CHECK(parseFlushMode("", &why) == FlushMode::kAuto);
+  CHECK(parseFlushMode("0", &why) == FlushMode::kNever);
+  CHECK(parseFlushMode("1", &why) == FlushMode::kAlways);
+  CHECK(why.empty());
+  CHECK(parseFlushMode("yes", &why) == FlushMode::kAuto);
+  CHECK(why == "RAILNET_IB_FLUSH=yes is not auto, 0 or 1; using auto");
+}
+
+TEST_CASE("flush: the READ targets the last non-empty buffer", "[verbs][flush]") {
+  int one[] = {5};
+  CHECK(flushTarget(1, one) == 0);
+  int trailingEmpty[] = {5, 7, 0, 0};
+  CHECK(flushTarget(4, trailingEmpty) == 1);
+  int gaps[] = {0, 9, 0, 3};
+  CHECK(flushTarget(4, gaps) == 3);
+  int empty[] = {0, 0, 0};
+  CHECK(flushTarget(3, empty) == -1);
+  int negative[] = {4, -1};  // v8's int sizes: never read a negative as a size
+  CHECK(flushTarget(2, negative) == 0);
+}
