@@ -97,7 +97,7 @@ void installSignalHandlers() {
 
 [[noreturn]] void usage(const char* error) {
   std::fprintf(stderr,
-               "%s\nusage: railnet-conformance --plugin PATH [--version all|8|9|10|11|12] [--group NAME]\n"
+               "%s\nusage: railnet-conformance --plugin PATH [--version all|8|9|10|11|12] [--group NAME[,NAME...]]\n"
                "         [--filter SUBSTRING] [--max-size BYTES[K|M|G]] [--list] [--verbose]\n"
                "         [--wait-timeout SEC] [--test-timeout SEC]\n",
                error);
@@ -156,13 +156,32 @@ void parseOptions(int argc, char** argv) {
   if (o.plugin.empty() && !o.list) usage("--plugin is required");
 }
 
+// --group takes one group or a comma-separated list.
+std::vector<std::string> splitGroups(const std::string& list) {
+  std::vector<std::string> groups;
+  size_t start = 0;
+  while (start <= list.size()) {
+    const size_t comma = std::min(list.find(',', start), list.size());
+    if (comma > start) groups.push_back(list.substr(start, comma - start));
+    start = comma + 1;
+  }
+  return groups;
+}
+
+bool groupSelected(const char* group) {
+  for (const std::string& wanted : splitGroups(gOptions.group)) {
+    if (wanted == group) return true;
+  }
+  return false;
+}
+
 std::string testName(const TestCase& test, int version) {
   const std::string base = std::string(test.group) + "." + test.name;
   return version ? "v" + std::to_string(version) + "/" + base : base;
 }
 
 bool selected(const TestCase& test, const std::string& name) {
-  if (!gOptions.group.empty() && gOptions.group != test.group) return false;
+  if (!gOptions.group.empty() && !groupSelected(test.group)) return false;
   return gOptions.filter.empty() || name.find(gOptions.filter) != std::string::npos;
 }
 
@@ -347,9 +366,11 @@ int runHarness(int argc, char** argv) {
   std::stable_sort(registry().begin(), registry().end(),
                    [](const TestCase& a, const TestCase& b) { return groupRank(a.group) < groupRank(b.group); });
   if (!gOptions.group.empty()) {
-    bool known = false;
-    for (const TestCase& test : registry()) known |= gOptions.group == test.group;
-    if (!known) usage(("unknown group " + gOptions.group).c_str());
+    for (const std::string& wanted : splitGroups(gOptions.group)) {
+      bool known = false;
+      for (const TestCase& test : registry()) known |= wanted == test.group;
+      if (!known) usage(("unknown group " + wanted).c_str());
+    }
   }
   std::vector<int> versions = gOptions.versions;
   if (versions.empty()) versions.assign(std::begin(kSupportedVersions), std::end(kSupportedVersions));
