@@ -5,6 +5,7 @@
 # (b) NCCL's own choice, no tuner (NCCL_TUNER_PLUGIN=none):                         OUT/default/COLL.log
 #     railnet-tune calibrate OUT/forced/*.log -> OUT/calibration.csv
 # (c) railnet's tuner on, found in the net .so, with that calibration:              OUT/tuner/COLL.log
+#     and once more untimed, logging what NCCL ran per size:                       OUT/tuner-picks/COLL.log
 # (d) one all_reduce with the tuner loaded by name (NCCL_TUNER_PLUGIN=railnet):      OUT/tuner-by-name/
 # then scripts/gpu/tuner_compare.py OUT > OUT/compare.txt. It never builds nccl-tests.
 # RAILNET_TUNE: the railnet-tune binary (default: next to the .so in a build dir, else on PATH).
@@ -25,9 +26,11 @@ TUNE=${RAILNET_TUNE:-$PLUGIN_DIR/plugin/tools/railnet-tune}
 [ -n "$TUNE" ] || { echo "railnet-tune not found: set RAILNET_TUNE" >&2; exit 2; }
 max=1G
 [ "$QUICK" = "--quick" ] && max=16M
-common=(-b 8 -e "$max" -f 2 -g 1 -c 0 -w 2 -n 5)
+# SWEEP_ITERS: timed iterations per size (nccl-tests -n; default 5). Loopback TCP varies run to run, so the
+# comparison is only as good as the iteration count.
+common=(-b 8 -e "$max" -f 2 -g 1 -c 0 -w 2 -n "${SWEEP_ITERS:-5}")
 COLLS=${SWEEP_COLLS:-"all_reduce all_gather reduce_scatter broadcast"}
-mkdir -p "$OUT"/{forced,default,tuner,tuner-by-name}
+mkdir -p "$OUT"/{forced,default,tuner,tuner-picks,tuner-by-name}
 summary="$OUT/sweep-summary.txt"
 echo "# tuner sweep: $RANKS ranks on $NODES fake hosts, plugin $PLUGIN, NCCL from $NCCL_LIB_DIR" | tee "$summary"
 
@@ -69,10 +72,16 @@ done
 
 "$TUNE" calibrate "$OUT"/forced/*.log -o "$OUT/calibration.csv" --nodes "$NODES" | tee -a "$summary"
 
+# Timed with NCCL's INFO log at INIT only, as the forced and default runs: NCCL's TUNING subsystem writes one
+# line per collective, which costs microseconds per call. A second, untimed pass (one iteration per size)
+# records what NCCL ran with the tuner (its "Bytes -> Algo .. proto .." lines) for tuner_compare.py.
 for coll in $COLLS; do
-  run "$OUT/tuner/${coll}.log" "coll=$coll" NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,TUNING,ENV \
+  run "$OUT/tuner/${coll}.log" "coll=$coll" NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT \
     NCCL_DEBUG_FILE="$OUT/tuner/${coll}.rank{rank}.nccl.txt" RAILNET_TUNER_FILE="$(realpath "$OUT/calibration.csv")" \
     -- "$TESTS/${coll}_perf" "${common[@]}"
+  run "$OUT/tuner-picks/${coll}.log" "coll=$coll" NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,TUNING \
+    NCCL_DEBUG_FILE="$OUT/tuner-picks/${coll}.rank{rank}.nccl.txt" \
+    RAILNET_TUNER_FILE="$(realpath "$OUT/calibration.csv")" -- "$TESTS/${coll}_perf" -b 8 -e "$max" -f 2 -g 1 -c 0 -w 0 -n 1
 done
 # By name: NCCL_TUNER_PLUGIN=railnet opens libnccl-tuner-railnet.so (PLUGIN_DIR is on LD_LIBRARY_PATH).
 run "$OUT/tuner-by-name/all_reduce.log" "coll=all_reduce" NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,TUNING,ENV \
@@ -81,10 +90,15 @@ run "$OUT/tuner-by-name/all_reduce.log" "coll=all_reduce" NCCL_DEBUG=INFO NCCL_D
 
 # Proof that NCCL loaded railnet's tuner both ways (NCCL 2.28: "TUNER/Plugin: Using railnet (v5)" and railnet's
 # own "TUNER/railnet: tuner ABI v5" per communicator).
+first_match() {  # first_match PATTERN FILES...: the first match, or nothing (no pipe that pipefail could trip)
+  local pattern=$1; shift
+  grep -h -o "$pattern" "$@" 2>/dev/null > "$OUT/.match" || true
+  sed -n 1p "$OUT/.match"; rm -f "$OUT/.match"
+}
 for dir in tuner tuner-by-name; do
+  nccl_line=$(first_match 'TUNER/Plugin: Using [^ ]* (v[0-9]*)' "$OUT/$dir"/*.nccl.txt)
+  railnet_line=$(first_match 'TUNER/railnet: tuner ABI v[0-9]*' "$OUT/$dir"/*.nccl.txt)
   echo "$dir: $(cat "$OUT/$dir"/*.nccl.txt 2>/dev/null | grep -c 'TUNER/railnet: tuner ABI v') tuner init lines;" \
-       "$(cat "$OUT/$dir"/*.nccl.txt 2>/dev/null | grep -m1 -o 'TUNER/Plugin: Using [^ ]* (v[0-9]*)' || echo 'no NCCL line')," \
-       "$(cat "$OUT/$dir"/*.nccl.txt 2>/dev/null | grep -m1 -o 'TUNER/railnet: tuner ABI v[0-9]*' || echo 'NOT LOADED')" \
-       | tee -a "$summary"
+       "${nccl_line:-no NCCL line}, ${railnet_line:-NOT LOADED}" | tee -a "$summary"
 done
-python3 "$here/tuner_compare.py" "$OUT" | tee "$OUT/compare.txt"
+python3 "$here/tuner_compare.py" "$OUT" --ranks "$RANKS" | tee "$OUT/compare.txt"
