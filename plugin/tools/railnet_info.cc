@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "proxy/tcp/addresses.h"
 #include "proxy/verbs/devices.h"
 #include "proxy/verbs/ibverbs_api.h"
 #include "railnet/error.h"
@@ -114,7 +115,15 @@ Transports findTransports(bool live) {
     found.tcp.push_back(netif.name + " (" + formatAddress(reinterpret_cast<const sockaddr*>(&netif.address)) + ", " +
                         (netif.speedMbps > 0 ? std::to_string(netif.speedMbps / 1000) + " Gb/s" : "speed unknown") +
                         ")");
-    if (live) found.devices.push_back({netif.name, netif.pciPath, -1, -1});
+    if (live && config.tcpAddresses.empty()) found.devices.push_back({netif.name, netif.pciPath, -1, -1});
+  }
+  // RAILNET_TCP_ADDRESSES: the plugin's TCP devices are the listed addresses (rails in list order), not the
+  // interfaces; place what the plugin would.
+  if (live && !config.tcpAddresses.empty()) {
+    std::vector<NetInterface> rails = railnet::tcp::interfacesForAddresses(config.tcpAddresses);
+    for (size_t i = 0; i < rails.size(); ++i) {
+      found.devices.push_back({rails[i].name, rails[i].pciPath, static_cast<int16_t>(i), -1});
+    }
   }
   std::string why;
   const railnet::verbs::IbvApi* api = railnet::verbs::loadIbverbs(&why);
@@ -222,7 +231,10 @@ void printText(const Topology& topology, const RailPlan& plan, const Transports&
   if (placement.devices.empty()) printf("  (none)\n");
   printf("\nNCCL topology XML (NCCL_TOPO_FILE):\n");
   if (placement.ncclXml.empty()) {
-    printf("  none needed: no device without a PCI function has a rail\n");
+    bool railDeviceWithoutPci = false;
+    for (const NetDevice& device : placement.devices) railDeviceWithoutPci |= device.pciPath.empty() && device.railId >= 0;
+    printf(railDeviceWithoutPci ? "  none: no GPU to place the rail devices beside\n"
+                                : "  none needed: no device without a PCI function has a rail\n");
   } else {
     printf("%s", placement.ncclXml.c_str());
   }
