@@ -51,9 +51,8 @@ void placeDevices(Transport& chosen) {
   }
   topo::Placement placement = topo::placeNetDevices(devices);
   for (int dev = 0; dev < chosen.deviceCount() && static_cast<size_t>(dev) < placement.devices.size(); ++dev) {
-    DeviceInfo& info = const_cast<DeviceInfo&>(chosen.device(dev));
-    info.pciPath = placement.devices[static_cast<size_t>(dev)].pciPath;
-    info.railId = placement.devices[static_cast<size_t>(dev)].railId;
+    const topo::NetDevice& placed = placement.devices[static_cast<size_t>(dev)];
+    chosen.place(dev, placed.pciPath, placed.railId);
   }
 }
 

@@ -105,6 +105,9 @@ class Transport {
   virtual const char* name() const noexcept = 0;
   virtual int deviceCount() const noexcept = 0;
   virtual const DeviceInfo& device(int dev) const = 0;
+  // Where topology placed physical device `dev` (plugin init, before any comm): its PCI path and rail, which
+  // the transport then reports and carries in its handshakes.
+  virtual void place(int dev, const std::string& pciPath, int16_t railId) = 0;
   // handle: NCCL_NET_HANDLE_MAXSIZE bytes that NCCL carries to the connecting peer.
   virtual std::unique_ptr<ListenComm> listen(int dev, void* handle) = 0;
   // Called again with the same handle buffer until *comm is set.

@@ -79,6 +79,13 @@ class TcpTransport final : public Transport {
     return devices_[checked(dev)];  // a deque: references stay valid as virtual devices are added
   }
 
+  void place(int dev, const std::string& pciPath, int16_t railId) override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    DeviceInfo& info = devices_[checked(dev)];
+    info.pciPath = pciPath;
+    info.railId = railId;
+  }
+
   std::unique_ptr<ListenComm> listen(int dev, void* handle) override {
     std::vector<LaneAddress> addresses;
     ConnectOptions options = optionsFor(dev);

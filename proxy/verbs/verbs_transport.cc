@@ -58,6 +58,11 @@ class VerbsTransport final : public Transport {
   const char* name() const noexcept override { return "verbs"; }
   int deviceCount() const noexcept override { return static_cast<int>(ports_.size()); }
   const DeviceInfo& device(int dev) const override { return ports_.at(checked(dev)).info; }
+  void place(int dev, const std::string& pciPath, int16_t railId) override {
+    DeviceInfo& info = ports_.at(checked(dev)).info;
+    info.pciPath = pciPath;
+    info.railId = railId;
+  }
 
   std::unique_ptr<ListenComm> listen(int dev, void* handle) override {
     size_t index = checked(dev);
