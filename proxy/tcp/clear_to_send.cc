@@ -14,12 +14,24 @@ long ClearToSendQueue::parse(const char* data, size_t size, std::string* why) {
              std::to_string(frame.slot) + " buffers";
       return -1;
     }
-    size_t total = sizeof(FrameHeader) + frame.slot * sizeof(ClearToSendEntry);
+    if (frame.extraKeys >= kMaxKeysPerBuffer) {
+      *why = "protocol error: a clear-to-send frame with " + std::to_string(frame.extraKeys + 1) + " keys per buffer";
+      return -1;
+    }
+    const size_t entryBytes = frame.slot * sizeof(ClearToSendEntry);
+    const size_t keyBytes = size_t{frame.slot} * frame.extraKeys * sizeof(uint32_t);
+    size_t total = sizeof(FrameHeader) + entryBytes + keyBytes;
     if (size - used < total) break;
     PostedReceive receive{};
     receive.recvId = frame.recvId;
     receive.count = frame.slot;
-    memcpy(receive.entries, data + used + sizeof(FrameHeader), total - sizeof(FrameHeader));
+    receive.extraKeyCount = frame.extraKeys;
+    memcpy(receive.entries, data + used + sizeof(FrameHeader), entryBytes);
+    const char* keys = data + used + sizeof(FrameHeader) + entryBytes;
+    for (int i = 0; i < frame.slot; ++i) {
+      memcpy(receive.extraKeys[i], keys + size_t(i) * frame.extraKeys * sizeof(uint32_t),
+             frame.extraKeys * sizeof(uint32_t));
+    }
     posted_.push_back(receive);
     used += total;
   }
@@ -32,7 +44,10 @@ std::optional<ClearToSendQueue::Destination> ClearToSendQueue::claim(int tag) {
       if ((receive.usedMask & (1u << i)) != 0 || receive.entries[i].tag != tag) continue;
       receive.usedMask = static_cast<uint8_t>(receive.usedMask | (1u << i));
       const ClearToSendEntry& entry = receive.entries[i];
-      Destination destination{receive.recvId, i, entry.capacity, entry.address, entry.rkey};
+      Destination destination{receive.recvId, i, entry.capacity, entry.address, entry.rkey, {}};
+      for (int p = 0; p < kMaxKeysPerBuffer; ++p) {
+        destination.pathKeys[p] = p == 0 || p > receive.extraKeyCount ? entry.rkey : receive.extraKeys[i][p - 1];
+      }
       while (!posted_.empty() && posted_.front().usedMask == (1u << posted_.front().count) - 1) posted_.pop_front();
       return destination;
     }

@@ -18,7 +18,9 @@ class ClearToSendQueue {
     int slot;
     uint64_t capacity;
     uint64_t address;  // for RDMA writes
-    uint32_t rkey;
+    uint32_t rkey;     // path 0's
+    uint32_t pathKeys[kMaxKeysPerBuffer];  // [p]: the rkey for verbs path p ([0] = rkey); paths beyond the
+                                           // frame's count repeat rkey
   };
 
   // Takes as many whole clear-to-send frames from `data` as it holds; returns the bytes used, or -1 with
@@ -35,6 +37,8 @@ class ClearToSendQueue {
     uint32_t recvId;
     int count;
     ClearToSendEntry entries[kMaxRecvs];
+    uint32_t extraKeys[kMaxRecvs][kMaxKeysPerBuffer - 1];
+    int extraKeyCount;
     uint8_t usedMask;
   };
   std::deque<PostedReceive> posted_;

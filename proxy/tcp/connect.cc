@@ -51,6 +51,7 @@ std::unique_ptr<PendingConnect> startConnection(const Handle& handle, const Conn
   const std::vector<LaneAddress> remote = handleLanes(handle);
   pending->peer.peer = remote[0].address;
   pending->peer.controlRail = remote[0].railId;
+  pending->peer.nicCount = std::max<int>(1, handle.nicCount);
   const std::vector<LocalLane> local =
       options.lanes.empty() ? std::vector<LocalLane>{LocalLane{SocketAddress{}, options.railId}} : options.lanes;
   uint64_t connectionId;
@@ -76,6 +77,7 @@ std::unique_ptr<PendingConnect> startConnection(const Handle& handle, const Conn
     hello.streamIndex = static_cast<uint16_t>(i == 0 ? 0 : i - 1);
     hello.streamCount = static_cast<uint16_t>(streams);
     hello.railId = from.railId;
+    hello.nicCount = options.nicCount;
     pending->sockets.push_back(std::move(socket));
   }
   return pending;
@@ -163,6 +165,7 @@ TcpListenComm::TcpListenComm(const std::vector<LaneAddress>& addresses, const Co
   handle->magic = kHandleMagic;
   handle->version = kWireVersion;
   writeHandleLanes(handle, bound);
+  handle->nicCount = options.nicCount;
   handle->secret[0] = secret_[0];
   handle->secret[1] = secret_[1];
 }
@@ -244,6 +247,7 @@ bool TcpListenComm::readHello(Arrival& arrival) {
   if (control) {
     group.peer.peer = arrival.peer;
     group.peer.controlRail = arrival.hello.railId;
+    group.peer.nicCount = std::max<int>(1, arrival.hello.nicCount);
   } else {
     group.peer.dataRails[arrival.hello.streamIndex] = arrival.hello.railId;
   }

@@ -30,6 +30,7 @@ struct PeerInfo {
   SocketAddress peer;
   int16_t controlRail = -1;        // rail of the peer's NIC at the control socket
   std::vector<int16_t> dataRails;  // the same per data stream
+  int nicCount = 1;                // the peer device's ConnectOptions::nicCount (at least 1)
 };
 using SendCommFactoryWithPeer =
     std::function<std::unique_ptr<SendComm>(Fd control, std::vector<Fd> data, const PeerInfo& peer)>;
@@ -47,6 +48,9 @@ struct ConnectOptions {
   // leaves from lane s % lanes and goes to the peer's listening address s % (its count); the control socket
   // uses lane 0 and the peer's first address.
   std::vector<LocalLane> lanes;
+  // NICs behind the device that the handle and the hello announce to the peer (a fused verbs device's RDMA
+  // ports, which share one control address); 0 means 1. The peer reads it as PeerInfo::nicCount.
+  uint16_t nicCount = 0;
   // When set, preferred over makeSendComm / makeRecvComm: the same with the peer's rails.
   SendCommFactoryWithPeer makeSendCommWithPeer;
   RecvCommFactoryWithPeer makeRecvCommWithPeer;

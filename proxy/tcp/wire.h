@@ -17,6 +17,7 @@ constexpr uint32_t kHelloMagic = 0x4c484e52;   // "RNHL"
 constexpr uint16_t kWireVersion = 1;
 constexpr int kMaxStreams = 64;
 constexpr int kMaxRecvs = 8;
+constexpr int kMaxKeysPerBuffer = 8;  // rkeys per clear-to-send buffer: one per verbs path
 
 // What listen() writes into NCCL's handle buffer; NCCL carries it to the connecting peer.
 struct Handle {
@@ -25,7 +26,8 @@ struct Handle {
   uint16_t laneCount;   // listening addresses (NICs) of the device: 0 or 1 for a physical device
   uint8_t address[28];  // sockaddr_in or sockaddr_in6 of the (first) listening socket
   int16_t railId;       // rail of the (first) listening NIC; -1 when unknown
-  uint16_t reserved2;
+  uint16_t nicCount;     // NICs behind the device when they share one listening address (a fused verbs
+                         // device: its RDMA ports); 0 means 1
   uint64_t secret[2];    // random; a connection must present it in its hello
   uint64_t connectToken; // 0 as listen writes it; connect() keeps its in-progress state's id here
   uint8_t lanes[64];     // a fused device's further listening addresses: HandleLane4 or HandleLane6 entries
@@ -75,7 +77,7 @@ struct Hello {
   uint16_t streamIndex;   // data streams: 0..streamCount-1
   uint16_t streamCount;   // data streams in this connection (0: control socket only)
   int16_t railId;         // sender's rail, for telemetry
-  uint16_t reserved;
+  uint16_t nicCount;      // control socket: ConnectOptions::nicCount of the connecting device (0 means 1)
 };
 static_assert(sizeof(Hello) == 40);
 
@@ -88,14 +90,15 @@ enum class FrameType : uint8_t { kClearToSend = 1, kInline = 2, kOversize = 3 };
 struct FrameHeader {
   uint8_t type;    // FrameType
   uint8_t slot;    // buffer index within the grouped receive (kInline/kOversize); n for kClearToSend
-  uint16_t reserved;
+  uint16_t extraKeys;  // kClearToSend from a fused verbs receiver: rkeys per buffer beyond the entry's (else 0)
   uint32_t recvId; // sequence number of the receive, per connection
   uint64_t size;   // payload bytes (kInline), sender's size (kOversize); unused for kClearToSend
 };
 static_assert(sizeof(FrameHeader) == 16);
 
 // Follows a kClearToSend header, one per buffer of the receive. address/rkey let an RDMA sender write
-// straight into the buffer; the TCP transport leaves them 0.
+// straight into the buffer; the TCP transport leaves them 0. When extraKeys = k > 0 (a verbs connection of
+// k + 1 paths), the n entries are followed by n x k uint32 rkeys: buffer i's keys for paths 1..k.
 struct ClearToSendEntry {
   int32_t tag;
   uint32_t rkey;

@@ -12,7 +12,7 @@ namespace railnet::verbs {
 
 constexpr int kMaxQps = 8;
 constexpr uint32_t kQpInfoMagic = 0x50514e52;  // "RNQP"
-constexpr uint16_t kQpInfoVersion = 2;  // 2: railId
+constexpr uint16_t kQpInfoVersion = 3;  // 2: railId; 3: path, paths
 
 // Sent by each end as the first bytes on the control socket.
 struct QpInfo {
@@ -26,7 +26,8 @@ struct QpInfo {
   uint8_t mtu;  // ibv_mtu
   uint8_t gid[16];
   int16_t railId;  // the sender's DeviceInfo::railId (NCCL_NET_ID_UNDEF when unknown)
-  uint16_t reserved;
+  uint8_t path;    // this record's path of the connection (verbs_link.h), 0..paths-1
+  uint8_t paths;   // the connection's path count as the sender planned it
 };
 static_assert(sizeof(QpInfo) == 68);
 
@@ -54,7 +55,8 @@ class QueuePairs {
   // Throws railnet::Error naming what did not fit.
   void connect(const QpInfo& remote);
 
-  int count() const { return active_; }
+  int count() const { return active_; }  // QPs in use: created() until connect(), then min(ours, the peer's)
+  int created() const { return static_cast<int>(qps_.size()); }
   int16_t remoteRail() const { return remoteRail_; }  // from the peer's record, once connected
   ibv_qp* qp(int index) const { return qps_[static_cast<size_t>(index)]; }
   ibv_cq* cq() const { return cq_; }

@@ -1,24 +1,45 @@
 #include "proxy/verbs/verbs_link.h"
 
+#include <algorithm>
 #include <cstring>
 
 #include "railnet/error.h"
 
 namespace railnet::verbs {
 
-VerbsLink::VerbsLink(std::shared_ptr<VerbsDevice> device, tcp::Fd control, const tcp::SocketAddress& peer,
-                     const char* direction, const QpOptions& options)
-    : device_(device), control_(std::move(control), {}, peer, direction), qps_(std::move(device), options, this),
-      counters_(&nicCounters(device_->port().info.name, device_->port().info.railId)) {
+VerbsLink::VerbsLink(std::vector<std::shared_ptr<VerbsDevice>> lanes, int peerLanes, tcp::Fd control,
+                     const tcp::SocketAddress& peer, const char* direction, const QpOptions& options)
+    : lanes_(std::move(lanes)), control_(std::move(control), {}, peer, direction) {
+  if (lanes_.empty() || lanes_.size() > kMaxLanes) {
+    fail(ncclInternalError, "NET/railnet: a verbs connection over %zu NICs", lanes_.size());
+  }
+  if (peerLanes < 1 || peerLanes > kMaxLanes) {
+    fail(ncclSystemError, "NET/railnet: %s announces a device of %d NICs; railnet fuses 1 to %d",
+         control_.peerName().c_str(), peerLanes, kMaxLanes);
+  }
+  const int pathCount = std::max(static_cast<int>(lanes_.size()), peerLanes);
+  paths_.resize(static_cast<size_t>(pathCount));
+  for (int p = 0; p < pathCount; ++p) {
+    Path& path = paths_[static_cast<size_t>(p)];
+    path.lane = p % static_cast<int>(lanes_.size());
+    const VerbsPort& port = lanes_[static_cast<size_t>(path.lane)]->port();
+    path.qps = std::make_unique<QueuePairs>(lanes_[static_cast<size_t>(path.lane)], options, this);
+    path.counters = &nicCounters(port.info.name, port.info.railId);
+  }
   control_.start(nullptr);
-  QpInfo info = qps_.localInfo();
-  control_.sendControl(&info, sizeof(info));
+  for (int p = 0; p < pathCount; ++p) {
+    QpInfo info = paths_[static_cast<size_t>(p)].qps->localInfo();
+    info.path = static_cast<uint8_t>(p);
+    info.paths = static_cast<uint8_t>(pathCount);
+    control_.sendControl(&info, sizeof(info));
+  }
 }
 
 bool VerbsLink::ready() {
   if (ready_ || control_.failed()) return ready_;
   if (!control_.flushControl()) return false;
-  if (control_.controlSize() < sizeof(QpInfo)) {
+  const size_t recordBytes = sizeof(QpInfo) * paths_.size();
+  if (control_.controlSize() < recordBytes) {
     ssize_t got = control_.readControl();
     if (got == tcp::kEndOfStream) {
       control_.recordFailure("the peer closed the connection during the QP handshake");
@@ -28,20 +49,53 @@ bool VerbsLink::ready() {
       control_.recordFailure("control connection: " + errnoText(static_cast<int>(-got)));
       return false;
     }
-    if (control_.controlSize() < sizeof(QpInfo)) return false;
+    // The first record tells whether the peer planned the same paths; checked before waiting for the rest,
+    // so a disagreement fails at once instead of waiting for records that never come.
+    if (control_.controlSize() >= sizeof(QpInfo)) {
+      QpInfo first;
+      memcpy(&first, control_.controlData(), sizeof(first));
+      if (first.magic == kQpInfoMagic && first.version == kQpInfoVersion && first.paths != paths_.size()) {
+        control_.recordFailure("the peer planned " + std::to_string(first.paths) + " QP path(s), this end " +
+                               std::to_string(paths_.size()) + " (NIC counts disagree)");
+        return false;
+      }
+    }
+    if (control_.controlSize() < recordBytes) return false;
   }
-  QpInfo remote;
-  memcpy(&remote, control_.controlData(), sizeof(remote));
-  control_.consumeControl(sizeof(remote));
+  std::vector<QpInfo> remote(paths_.size());
+  memcpy(remote.data(), control_.controlData(), recordBytes);
+  control_.consumeControl(recordBytes);
   try {
-    qps_.connect(remote);
+    for (size_t p = 0; p < paths_.size(); ++p) {
+      if (remote[p].magic == kQpInfoMagic && (remote[p].path != p || remote[p].paths != paths_.size())) {
+        fail(ncclSystemError, "NET/railnet: QP record %zu of %s names path %u of %u", p, control_.peerName().c_str(),
+             remote[p].path, remote[p].paths);
+      }
+      paths_[p].qps->connect(remote[p]);
+    }
   } catch (const Error& error) {
     control_.recordFailure(error.what());
     return false;
   }
-  counters_->addConnection(device_->port().info.railId, qps_.remoteRail());
+  for (Path& path : paths_) {
+    path.counters->addConnection(lanes_[static_cast<size_t>(path.lane)]->port().info.railId, path.qps->remoteRail());
+  }
   ready_ = true;
   return true;
+}
+
+std::unique_ptr<LinkRegion> VerbsLink::registerMemory(void* data, size_t size, int type) {
+  std::vector<std::unique_ptr<MemoryRegion>> perLane;
+  for (const std::shared_ptr<VerbsDevice>& lane : lanes_) perLane.push_back(lane->registerMemory(data, size, type));
+  return std::make_unique<LinkRegion>(std::move(perLane));
+}
+
+std::unique_ptr<LinkRegion> VerbsLink::registerDmabuf(void* data, size_t size, int type, uint64_t offset, int fd) {
+  std::vector<std::unique_ptr<MemoryRegion>> perLane;
+  for (const std::shared_ptr<VerbsDevice>& lane : lanes_) {
+    perLane.push_back(lane->registerDmabuf(data, size, type, offset, fd));
+  }
+  return std::make_unique<LinkRegion>(std::move(perLane));
 }
 
 void VerbsLink::onQpAsyncError(const std::string& what) noexcept {
@@ -51,9 +105,10 @@ void VerbsLink::onQpAsyncError(const std::string& what) noexcept {
   }
 }
 
-std::string VerbsLink::describe(const ibv_wc& completion) const {
-  return "QP " + std::to_string(completion.qp_num) + " on " + device_->port().device + ": work completion " +
-         device_->api().wcStatusStr(completion.status) + " (status " + std::to_string(completion.status) +
+std::string VerbsLink::describe(int path, const ibv_wc& completion) const {
+  const VerbsDevice& device = *lanes_[static_cast<size_t>(paths_[static_cast<size_t>(path)].lane)];
+  return "QP " + std::to_string(completion.qp_num) + " on " + device.port().device + ": work completion " +
+         device.api().wcStatusStr(completion.status) + " (status " + std::to_string(completion.status) +
          ", vendor error 0x" + [&] {
            char hex[16];
            snprintf(hex, sizeof(hex), "%x", completion.vendor_err);

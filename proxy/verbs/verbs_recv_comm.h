@@ -48,14 +48,15 @@ class VerbsFlushRequest final : public Request {
   // Guarded by the comm's mutex.
   VerbsRecvComm* comm_ = nullptr;
   bool inUse_ = false;
-  bool finished_ = false;
-  std::string error_;  // non-empty: the READ failed
+  int pendingReads_ = 0;  // one READ per lane of the comm
+  std::string error_;     // non-empty: a READ failed
 };
 
 class VerbsRecvComm final : public RecvComm {
  public:
-  VerbsRecvComm(std::shared_ptr<VerbsDevice> device, tcp::Fd control, const tcp::SocketAddress& peer,
-                const QpOptions& options);
+  // lanes: the device's NICs (one unless fused); peerLanes: the sender's (PeerInfo::nicCount).
+  VerbsRecvComm(std::vector<std::shared_ptr<VerbsDevice>> lanes, int peerLanes, tcp::Fd control,
+                const tcp::SocketAddress& peer, const QpOptions& options);
 
   std::unique_ptr<MemoryRegion> regMr(void* data, size_t size, int type) override;
   std::unique_ptr<MemoryRegion> regMrDmaBuf(void* data, size_t size, int type, uint64_t offset, int fd) override;
@@ -73,29 +74,30 @@ class VerbsRecvComm final : public RecvComm {
   static constexpr int kNoticesPerQp = NCCL_NET_MAX_REQUESTS * tcp::kMaxRecvs;
 
   ncclResult_t testRequest(VerbsRecvRequest* request, int* done, int* sizes) noexcept;
-  void postNotice(int qpIndex, int bufferIndex);
+  void postNotice(int path, int qpIndex, int bufferIndex);
   void pollCompletions();
-  void applyNotice(const Notice& notice, uint32_t bytes);
+  void applyNotice(int path, const Notice& notice, uint32_t bytes);
   void pumpControl();
   void completeSlot(VerbsRecvRequest& request, int slot, uint64_t size);
   bool sendClearToSend(uint32_t recvId, const void* frame, size_t size);
 
   std::mutex mutex_;
   // Declared before link_ so they outlive the QPs whose work requests point into them.
-  std::vector<Notice> notices_;  // kNoticesPerQp per QP
-  std::unique_ptr<MemoryRegion> noticeRegion_;
-  static constexpr size_t kClearToSendBytes = 256;
+  std::vector<Notice> notices_;  // kNoticesPerQp per QP of each path: path-major, then QP
+  std::unique_ptr<LinkRegion> noticeRegion_;
+  static constexpr size_t kClearToSendBytes = 512;  // as the sender's buffers (verbs_send_comm.h)
   std::vector<char> ctsFrames_;  // one outgoing clear-to-send frame per receive-ring entry
-  std::unique_ptr<MemoryRegion> ctsRegion_;
+  std::unique_ptr<LinkRegion> ctsRegion_;
   VerbsLink link_;
   VerbsRecvRequest ring_[kRing];
   uint32_t nextRecvId_ = 0;
   bool controlClosed_ = false;
-  // iflush (guarded by mutex_): the loopback QP, created on the first flush. After a failed READ it is
-  // retired (polled until its other READs have completed with errors, then destroyed) and the next flush
-  // gets a fresh one: an iflush that needs a READ never answers NULL, which NCCL would take as "done".
+  // iflush (guarded by mutex_): one loopback QP per lane, created on the first flush; a flush READs through
+  // every lane, as each NIC only orders its own writes. After a failed READ a QP is retired (polled until its
+  // other READs have completed with errors, then destroyed) and the next flush gets a fresh one: an iflush that
+  // needs a READ never answers NULL, which NCCL would take as "done".
   FlushMode flushMode_;
-  std::unique_ptr<LoopbackFlush> flush_;
+  std::vector<std::unique_ptr<LoopbackFlush>> flush_;  // [lane]
   std::vector<std::unique_ptr<LoopbackFlush>> retiredFlushes_;
   std::vector<VerbsFlushRequest> flushRequests_;
 };

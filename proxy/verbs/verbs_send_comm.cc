@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "proxy/stripe_plan.h"
 #include "railnet/error.h"
 #include "railnet/log.h"
 
@@ -15,39 +16,41 @@ constexpr uint64_t kStripeAlign = 128;
 
 ncclResult_t VerbsSendRequest::test(int* done, int* sizes) noexcept { return comm_->testRequest(this, done, sizes); }
 
-VerbsSendComm::VerbsSendComm(std::shared_ptr<VerbsDevice> device, tcp::Fd control, const tcp::SocketAddress& peer,
-                             const QpOptions& options)
-    : link_(std::move(device), std::move(control), peer, "send", options),
-      requests_(kSendRequests, [this](VerbsSendRequest& request) { request.comm_ = this; }) {
+VerbsSendComm::VerbsSendComm(std::vector<std::shared_ptr<VerbsDevice>> lanes, int peerLanes, tcp::Fd control,
+                             const tcp::SocketAddress& peer, const QpOptions& options, uint64_t minStripeBytes)
+    : link_(std::move(lanes), peerLanes, std::move(control), peer, "send", options),
+      requests_(kSendRequests, [this](VerbsSendRequest& request) { request.comm_ = this; }),
+      minStripeBytes_(minStripeBytes) {
   eagerHeaders_.resize(kSendRequests);
   for (int i = static_cast<int>(kSendRequests) - 1; i >= 0; --i) freeEagerSlots_.push_back(i);
-  eagerRegion_ = link_.device().registerMemory(eagerHeaders_.data(), eagerHeaders_.size() * sizeof(tcp::ChunkHeader),
-                                               NCCL_PTR_HOST);
+  eagerRegion_ = link_.registerMemory(eagerHeaders_.data(), eagerHeaders_.size() * sizeof(tcp::ChunkHeader),
+                                      NCCL_PTR_HOST);
   ctsBuffers_.resize(kClearToSendBuffers * kClearToSendBytes);
-  ctsRegion_ = link_.device().registerMemory(ctsBuffers_.data(), ctsBuffers_.size(), NCCL_PTR_HOST);
+  ctsRegion_ = link_.registerMemory(ctsBuffers_.data(), ctsBuffers_.size(), NCCL_PTR_HOST);
   // Posted before the QPs reach RTR, so no clear-to-send can arrive without a buffer.
   for (size_t i = 0; i < kClearToSendBuffers; ++i) postClearToSendBuffer(i);
 }
 
 void VerbsSendComm::postClearToSendBuffer(size_t index) {
+  // Clear-to-sends travel on path 0, whose QPs are on lane 0.
   ibv_sge sge{reinterpret_cast<uint64_t>(&ctsBuffers_[index * kClearToSendBytes]), kClearToSendBytes,
-              static_cast<VerbsRegion*>(ctsRegion_.get())->lkey()};
+              ctsRegion_->lane(0).lkey()};
   ibv_recv_wr wr{};
   wr.wr_id = index;
   wr.sg_list = &sge;
   wr.num_sge = 1;
   ibv_recv_wr* bad = nullptr;
-  if (int rc = ibv_post_recv(link_.qps().qp(0), &wr, &bad); rc != 0) {
+  if (int rc = ibv_post_recv(link_.qps(0).qp(0), &wr, &bad); rc != 0) {
     link_.control().recordFailure("ibv_post_recv of a clear-to-send buffer failed: " + errnoText(rc));
   }
 }
 
 std::unique_ptr<MemoryRegion> VerbsSendComm::regMr(void* data, size_t size, int type) {
-  return link_.device().registerMemory(data, size, type);
+  return link_.registerMemory(data, size, type);
 }
 
 std::unique_ptr<MemoryRegion> VerbsSendComm::regMrDmaBuf(void* data, size_t size, int type, uint64_t offset, int fd) {
-  return link_.device().registerDmabuf(data, size, type, offset, fd);
+  return link_.registerDmabuf(data, size, type, offset, fd);
 }
 
 void VerbsSendComm::pumpControl() {
@@ -64,28 +67,31 @@ void VerbsSendComm::pumpControl() {
 }
 
 void VerbsSendComm::pollCompletions() {
-  link_.drainCompletions([&](const ibv_wc& completion) {
-    if (completion.opcode == IBV_WC_RECV) {
-      // A clear-to-send frame from the receiver.
-      size_t index = completion.wr_id;
-      std::string why;
-      long used = posted_.parse(&ctsBuffers_[index * kClearToSendBytes], completion.byte_len, &why);
-      if (used != static_cast<long>(completion.byte_len)) {
-        link_.control().recordFailure(used < 0 ? why : "protocol error: a partial clear-to-send frame");
+  for (int path = 0; path < link_.paths(); ++path) {
+    link_.drainCompletions(path, [&](const ibv_wc& completion) {
+      if (completion.opcode == IBV_WC_RECV) {
+        // A clear-to-send frame from the receiver.
+        size_t index = completion.wr_id;
+        std::string why;
+        long used = posted_.parse(&ctsBuffers_[index * kClearToSendBytes], completion.byte_len, &why);
+        if (used != static_cast<long>(completion.byte_len)) {
+          link_.control().recordFailure(used < 0 ? why : "protocol error: a partial clear-to-send frame");
+        }
+        postClearToSendBuffer(index);
+      } else if (completion.wr_id != 0) {
+        auto* request = reinterpret_cast<VerbsSendRequest*>(completion.wr_id);
+        if (--request->pendingStripes_ == 0 && request->eagerSlot_ >= 0) {
+          freeEagerSlots_.push_back(request->eagerSlot_);
+          request->eagerSlot_ = -1;
+        }
       }
-      postClearToSendBuffer(index);
-    } else if (completion.wr_id != 0) {
-      auto* request = reinterpret_cast<VerbsSendRequest*>(completion.wr_id);
-      if (--request->pendingStripes_ == 0 && request->eagerSlot_ >= 0) {
-        freeEagerSlots_.push_back(request->eagerSlot_);
-        request->eagerSlot_ = -1;
-      }
-    }
-  });
+    });
+  }
 }
 
-bool VerbsSendComm::postEager(VerbsSendRequest* request, const char* data, uint32_t lkey, uint64_t size,
-                              const tcp::ClearToSendQueue::Destination& destination) {
+bool VerbsSendComm::postEager(VerbsSendRequest* request, int path, const char* data, const LinkRegion* region,
+                              uint64_t size, const tcp::ClearToSendQueue::Destination& destination) {
+  const int lane = link_.laneOf(path);
   int slot = freeEagerSlots_.back();
   freeEagerSlots_.pop_back();
   tcp::ChunkHeader& header = eagerHeaders_[static_cast<size_t>(slot)];
@@ -95,9 +101,8 @@ bool VerbsSendComm::postEager(VerbsSendRequest* request, const char* data, uint3
   header.reserved[0] = kPayloadFollows;
   header.messageSize = size;
   header.length = size;
-  ibv_sge sges[2] = {{reinterpret_cast<uint64_t>(&header), sizeof(header),
-                      static_cast<VerbsRegion*>(eagerRegion_.get())->lkey()},
-                     {reinterpret_cast<uint64_t>(data), static_cast<uint32_t>(size), lkey}};
+  ibv_sge sges[2] = {{reinterpret_cast<uint64_t>(&header), sizeof(header), eagerRegion_->lane(lane).lkey()},
+                     {reinterpret_cast<uint64_t>(data), static_cast<uint32_t>(size), region->lane(lane).lkey()}};
   ibv_send_wr wr{};
   wr.wr_id = reinterpret_cast<uint64_t>(request);
   wr.sg_list = sges;
@@ -106,8 +111,10 @@ bool VerbsSendComm::postEager(VerbsSendRequest* request, const char* data, uint3
   wr.send_flags = IBV_SEND_SIGNALED;
   request->pendingStripes_ = 1;
   request->eagerSlot_ = slot;
+  request->pathBytes_[path] += size;
   ibv_send_wr* bad = nullptr;
-  ibv_qp* qp = link_.qps().qp(static_cast<int>(nextQp_++ % static_cast<uint32_t>(link_.qps().count())));
+  QueuePairs& qps = link_.qps(path);
+  ibv_qp* qp = qps.qp(static_cast<int>(nextQp_[path]++ % static_cast<uint32_t>(qps.count())));
   if (int rc = ibv_post_send(qp, &wr, &bad); rc != 0) {
     freeEagerSlots_.push_back(slot);
     request->eagerSlot_ = -1;
@@ -117,25 +124,29 @@ bool VerbsSendComm::postEager(VerbsSendRequest* request, const char* data, uint3
   return true;
 }
 
-bool VerbsSendComm::postStripes(VerbsSendRequest* request, const char* data, uint32_t lkey, uint64_t size,
+bool VerbsSendComm::postStripes(VerbsSendRequest* request, int path, const char* data, const LinkRegion* region,
+                                uint64_t size, uint64_t offset, uint64_t length,
                                 const tcp::ClearToSendQueue::Destination& destination) {
-  int qps = link_.qps().count();
-  uint64_t perQp = (size + static_cast<uint64_t>(qps) - 1) / static_cast<uint64_t>(qps);
+  QueuePairs& qps = link_.qps(path);
+  const int qpCount = qps.count();
+  const uint32_t lkey = region != nullptr ? region->lane(link_.laneOf(path)).lkey() : 0;
+  uint64_t perQp = (length + static_cast<uint64_t>(qpCount) - 1) / static_cast<uint64_t>(qpCount);
   uint64_t stripe = std::max(kMinStripe, (perQp + kStripeAlign - 1) / kStripeAlign * kStripeAlign);
-  int stripes = size == 0 ? 1 : static_cast<int>((size + stripe - 1) / stripe);
-  request->pendingStripes_ = stripes;
+  int stripes = length == 0 ? 1 : static_cast<int>((length + stripe - 1) / stripe);
+  request->pendingStripes_ += stripes;
+  request->pathBytes_[path] += length;
   for (int k = 0; k < stripes; ++k) {
-    uint64_t offset = static_cast<uint64_t>(k) * stripe;
-    uint64_t length = size == 0 ? 0 : std::min(stripe, size - offset);
-    ibv_qp* qp = link_.qps().qp(static_cast<int>(nextQp_++ % static_cast<uint32_t>(qps)));
+    uint64_t at = offset + static_cast<uint64_t>(k) * stripe;
+    uint64_t bytes = length == 0 ? 0 : std::min(stripe, offset + length - at);
+    ibv_qp* qp = qps.qp(static_cast<int>(nextQp_[path]++ % static_cast<uint32_t>(qpCount)));
     // The payload goes straight into the receiver's buffer; the SEND after it on the same QP arrives after it
     // (RC ordering) and tells the receiver how many bytes landed where.
     tcp::ChunkHeader header{};
     header.recvId = destination.recvId;
     header.slot = static_cast<uint8_t>(destination.slot);
     header.messageSize = size;
-    header.offset = offset;
-    header.length = length;
+    header.offset = at;
+    header.length = bytes;
     ibv_sge headerSge{reinterpret_cast<uint64_t>(&header), sizeof(header), 0};
     ibv_send_wr notice{};
     notice.wr_id = reinterpret_cast<uint64_t>(request);
@@ -143,16 +154,18 @@ bool VerbsSendComm::postStripes(VerbsSendRequest* request, const char* data, uin
     notice.num_sge = 1;
     notice.opcode = IBV_WR_SEND;
     notice.send_flags = IBV_SEND_SIGNALED | IBV_SEND_INLINE;
-    ibv_sge dataSge{reinterpret_cast<uint64_t>(data + offset), static_cast<uint32_t>(length), lkey};
+    ibv_sge dataSge{reinterpret_cast<uint64_t>(data + at), static_cast<uint32_t>(bytes), lkey};
     ibv_send_wr write{};
     write.sg_list = &dataSge;
     write.num_sge = 1;
     write.opcode = IBV_WR_RDMA_WRITE;
-    write.wr.rdma.remote_addr = destination.address + offset;
-    write.wr.rdma.rkey = destination.rkey;
+    write.wr.rdma.remote_addr = destination.address + at;
+    write.wr.rdma.rkey = destination.pathKeys[path];
     write.next = &notice;
     ibv_send_wr* bad = nullptr;
-    if (int rc = ibv_post_send(qp, length > 0 ? &write : &notice, &bad); rc != 0) {
+    if (int rc = ibv_post_send(qp, bytes > 0 ? &write : &notice, &bad); rc != 0) {
+      // Stripes not posted will never complete: the failure recorded here fails the request in test().
+      request->pendingStripes_ -= stripes - k;
       link_.control().recordFailure("ibv_post_send on QP " + std::to_string(qp->qp_num) + " failed: " + errnoText(rc));
       return false;
     }
@@ -181,7 +194,7 @@ ncclResult_t VerbsSendComm::isend(void* data, size_t size, int tag, MemoryRegion
             tag, control.peerName().c_str(), static_cast<unsigned long>(found->capacity));
     return ncclInvalidUsage;
   }
-  auto* region = dynamic_cast<VerbsRegion*>(mr);
+  auto* region = dynamic_cast<LinkRegion*>(mr);
   if (region == nullptr && size > 0) {
     RN_WARN("NET/railnet: isend of %zu bytes to %s without a verbs memory registration", size,
             control.peerName().c_str());
@@ -192,12 +205,33 @@ ncclResult_t VerbsSendComm::isend(void* data, size_t size, int tag, MemoryRegion
     RN_WARN("NET/railnet: more than %zu sends in flight to %s", kSendRequests, control.peerName().c_str());
     return ncclInternalError;
   }
+  if (region != nullptr && region->lanes() != link_.lanes()) {
+    RN_WARN("NET/railnet: isend to %s with a memory registration of another comm", control.peerName().c_str());
+    requests_.release(sendRequest);
+    return ncclInvalidUsage;
+  }
   sendRequest->size_ = size;
+  sendRequest->pendingStripes_ = 0;
+  for (uint64_t& bytes : sendRequest->pathBytes_) bytes = 0;
   const char* bytes = static_cast<const char*>(data);
-  uint32_t lkey = region != nullptr ? region->lkey() : 0;
-  bool posted = size > 0 && size <= kEagerBytes && !freeEagerSlots_.empty()
-                    ? postEager(sendRequest, bytes, lkey, size, *found)
-                    : postStripes(sendRequest, bytes, lkey, size, *found);
+  // The fusion scheduler (proxy/stripe_plan.h) spreads the message over the paths; with one path it is one
+  // stripe, which the path's QPs split further.
+  Stripe stripes[kMaxStripeLanes];
+  const int count = planStripes(size, link_.paths(), messages_++, minStripeBytes_, stripes);
+  bool posted = true;
+  if (size > 0 && size <= kEagerBytes && !freeEagerSlots_.empty()) {
+    posted = postEager(sendRequest, stripes[0].lane, bytes, region, size, *found);
+  } else {
+    for (int i = 0; i < count && posted; ++i) {
+      posted = postStripes(sendRequest, stripes[i].lane, bytes, region, size, stripes[i].offset, stripes[i].bytes,
+                           *found);
+    }
+  }
+  if (!posted && sendRequest->pendingStripes_ > 0) {
+    // Some stripes went out and will complete (or fail) on their own; the request stays with us until then.
+    // NCCL sees the failure recorded on the connection now and on every later call.
+    return control.reportFailure();
+  }
   if (!posted) {
     requests_.release(sendRequest);
     return control.reportFailure();
@@ -212,7 +246,9 @@ ncclResult_t VerbsSendComm::testRequest(VerbsSendRequest* request, int* done, in
   pollCompletions();
   if (request->pendingStripes_ == 0) {
     *done = 1;
-    link_.counters().addSent(request->size_);
+    for (int path = 0; path < link_.paths(); ++path) {
+      if (request->pathBytes_[path] != 0) link_.counters(path).addSent(request->pathBytes_[path]);
+    }
     if (sizes != nullptr) *sizes = static_cast<int>(request->size_);
     requests_.release(request);
     return ncclSuccess;

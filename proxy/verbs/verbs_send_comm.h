@@ -26,12 +26,15 @@ class VerbsSendRequest final : public Request {
   int pendingStripes_ = 0;  // guarded by the comm's mutex
   uint64_t size_ = 0;
   int eagerSlot_ = -1;  // the header slot a small message's SEND reads from, until it completes
+  uint64_t pathBytes_[kMaxPaths] = {};  // payload per path, counted on its NIC when the request completes
 };
 
 class VerbsSendComm final : public SendComm {
  public:
-  VerbsSendComm(std::shared_ptr<VerbsDevice> device, tcp::Fd control, const tcp::SocketAddress& peer,
-                const QpOptions& options);
+  // lanes: the device's NICs (one unless fused); peerLanes: the receiver's (PeerInfo::nicCount);
+  // minStripeBytes: the fusion scheduler's threshold (RAILNET_FUSION_MIN_STRIPE_BYTES).
+  VerbsSendComm(std::vector<std::shared_ptr<VerbsDevice>> lanes, int peerLanes, tcp::Fd control,
+                const tcp::SocketAddress& peer, const QpOptions& options, uint64_t minStripeBytes);
 
   std::unique_ptr<MemoryRegion> regMr(void* data, size_t size, int type) override;
   std::unique_ptr<MemoryRegion> regMrDmaBuf(void* data, size_t size, int type, uint64_t offset, int fd) override;
@@ -42,29 +45,33 @@ class VerbsSendComm final : public SendComm {
   ncclResult_t testRequest(VerbsSendRequest* request, int* done, int* sizes) noexcept;
   // Reads clear-to-sends (and end-of-stream) from the control socket. Caller holds mutex_.
   void pumpControl();
-  // Takes finished work off the CQ. Caller holds mutex_.
+  // Takes finished work off every path's CQ. Caller holds mutex_.
   void pollCompletions();
-  bool postStripes(VerbsSendRequest* request, const char* data, uint32_t lkey, uint64_t size,
-                   const tcp::ClearToSendQueue::Destination& destination);
+  // Bytes [offset, offset + length) of a message of `size` on one path: RDMA WRITEs spread over the path's
+  // QPs, each followed by its notice SEND.
+  bool postStripes(VerbsSendRequest* request, int path, const char* data, const LinkRegion* region, uint64_t size,
+                   uint64_t offset, uint64_t length, const tcp::ClearToSendQueue::Destination& destination);
   // A message of at most kEagerBytes as one SEND: header from a registered slot, payload from the user buffer.
-  bool postEager(VerbsSendRequest* request, const char* data, uint32_t lkey, uint64_t size,
+  bool postEager(VerbsSendRequest* request, int path, const char* data, const LinkRegion* region, uint64_t size,
                  const tcp::ClearToSendQueue::Destination& destination);
 
   // Clear-to-send frames arrive by RDMA SEND on QP 0 into these buffers (kept alive past the QPs).
   static constexpr int kClearToSendBuffers = 2 * NCCL_NET_MAX_REQUESTS;
-  static constexpr size_t kClearToSendBytes = 256;  // a frame with 8 entries is 208 bytes
+  static constexpr size_t kClearToSendBytes = 512;  // 8 entries with 8 keys each: 16 + 8 x 24 + 8 x 7 x 4 bytes
   void postClearToSendBuffer(size_t index);
 
   std::mutex mutex_;
   std::vector<tcp::ChunkHeader> eagerHeaders_;  // one per send request that may be in flight
   std::vector<int> freeEagerSlots_;             // guarded by mutex_
   std::vector<char> ctsBuffers_;
-  std::unique_ptr<MemoryRegion> ctsRegion_;
-  std::unique_ptr<MemoryRegion> eagerRegion_;
+  std::unique_ptr<LinkRegion> ctsRegion_;
+  std::unique_ptr<LinkRegion> eagerRegion_;
   VerbsLink link_;
   tcp::ClearToSendQueue posted_;                      // guarded by mutex_
   tcp::RequestPool<VerbsSendRequest> requests_;       // guarded by mutex_
-  uint32_t nextQp_ = 0;
+  uint64_t minStripeBytes_;
+  uint64_t messages_ = 0;                             // guarded by mutex_; rotates the first path of each message
+  uint32_t nextQp_[kMaxPaths] = {};                   // guarded by mutex_; per path
 };
 
 }  // namespace railnet::verbs

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <deque>
 #include <mutex>
 
 #include "proxy/tcp/connect.h"
@@ -52,26 +53,66 @@ class VerbsTransport final : public Transport {
     connectOptions_.streams = 0;  // control socket only: the bytes go by RDMA
     connectOptions_.stream.peerTimeoutMs = static_cast<int>(std::max<int64_t>(config.peerTimeoutMs, 0));
     connectOptions_.strayTimeout = std::chrono::milliseconds(std::max<int64_t>(config.strayTimeoutMs, 1));
+    minStripeBytes_ = static_cast<uint64_t>(std::max<int64_t>(config.fusionMinStripeBytes, 0));
     devices_.resize(ports_.size());
   }
 
   const char* name() const noexcept override { return "verbs"; }
-  int deviceCount() const noexcept override { return static_cast<int>(ports_.size()); }
-  const DeviceInfo& device(int dev) const override { return ports_.at(checked(dev)).info; }
+  int deviceCount() const noexcept override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return static_cast<int>(ports_.size() + fused_.size());
+  }
+  const DeviceInfo& device(int dev) const override {
+    size_t index = checked(dev);
+    std::lock_guard<std::mutex> lock(mutex_);
+    return index < ports_.size() ? ports_[index].info : fused_[index - ports_.size()];
+  }
   void place(int dev, const std::string& pciPath, int16_t railId) override {
-    DeviceInfo& info = ports_.at(checked(dev)).info;
+    size_t index = checked(dev);
+    std::lock_guard<std::mutex> lock(mutex_);
+    DeviceInfo& info = ports_.at(index).info;
     info.pciPath = pciPath;
     info.railId = railId;
   }
 
+  // A fused device's connections spread over QPs on each child port (verbs_link.h); its control socket meets
+  // at the first child's address.
+  int makeVirtualDevice(const std::vector<int>& children) override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (children.size() > static_cast<size_t>(kMaxLanes)) {
+      fail(ncclInvalidUsage, "NET/railnet: a fused verbs device holds at most %d ports; %zu asked", kMaxLanes,
+           children.size());
+    }
+    std::vector<const DeviceInfo*> infos;
+    for (int child : children) {
+      if (child < 0 || static_cast<size_t>(child) >= ports_.size()) {
+        fail(ncclInvalidArgument, "NET/railnet: verbs device %d is not a physical device", child);
+      }
+      const VerbsPort& first = ports_[static_cast<size_t>(children[0])];
+      const VerbsPort& port = ports_[static_cast<size_t>(child)];
+      // One connection's paths all speak the peer's link layer (QpInfo carries one per path, but a fused
+      // device that is half InfiniBand, half RoCE cannot match a peer's fused device path by path).
+      if (port.linkLayer != first.linkLayer) {
+        fail(ncclInvalidUsage, "NET/railnet: cannot fuse %s (%s) with %s (%s): link layers differ",
+             first.info.name.c_str(), first.linkLayer == IBV_LINK_LAYER_ETHERNET ? "RoCE" : "InfiniBand",
+             port.info.name.c_str(), port.linkLayer == IBV_LINK_LAYER_ETHERNET ? "RoCE" : "InfiniBand");
+      }
+      infos.push_back(&port.info);
+    }
+    DeviceInfo fused = fusedDeviceInfo(infos, children);
+    fused.guid = ports_.size() + fused_.size();  // unique: physical GUIDs are EUI-64 node GUIDs
+    fused_.push_back(fused);
+    return static_cast<int>(ports_.size() + fused_.size()) - 1;
+  }
+
   std::unique_ptr<ListenComm> listen(int dev, void* handle) override {
-    size_t index = checked(dev);
-    return std::make_unique<tcp::TcpListenComm>(rendezvousAddress(ports_[index]), optionsFor(index),
+    std::vector<size_t> lanes = lanesOf(dev);
+    return std::make_unique<tcp::TcpListenComm>(rendezvousAddress(ports_[lanes[0]]), optionsFor(lanes),
                                                 static_cast<tcp::Handle*>(handle));
   }
 
   void connect(int dev, void* handle, std::unique_ptr<SendComm>* comm) override {
-    tcp::connectStep(static_cast<tcp::Handle*>(handle), optionsFor(checked(dev)), comm);
+    tcp::connectStep(static_cast<tcp::Handle*>(handle), optionsFor(lanesOf(dev)), comm);
   }
 
  private:
@@ -80,6 +121,16 @@ class VerbsTransport final : public Transport {
       fail(ncclInvalidUsage, "NET/railnet: device %d does not exist (railnet verbs has %d)", dev, deviceCount());
     }
     return static_cast<size_t>(dev);
+  }
+
+  // The ports a device's connections use: itself, or a fused device's children.
+  std::vector<size_t> lanesOf(int dev) const {
+    size_t index = checked(dev);
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (index < ports_.size()) return {index};
+    std::vector<size_t> lanes;
+    for (int child : fused_[index - ports_.size()].children) lanes.push_back(static_cast<size_t>(child));
+    return lanes;
   }
 
   // The port's device stays open while any comm uses it.
@@ -93,24 +144,41 @@ class VerbsTransport final : public Transport {
     return device;
   }
 
-  tcp::ConnectOptions optionsFor(size_t index) {
+  std::vector<std::shared_ptr<VerbsDevice>> openPorts(const std::vector<size_t>& lanes) {
+    std::vector<std::shared_ptr<VerbsDevice>> devices;
+    for (size_t lane : lanes) devices.push_back(openPort(lane));
+    return devices;
+  }
+
+  tcp::ConnectOptions optionsFor(const std::vector<size_t>& lanes) {
     tcp::ConnectOptions options = connectOptions_;
-    options.railId = ports_[index].info.railId;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      options.railId = ports_[lanes[0]].info.railId;
+    }
+    options.nicCount = static_cast<uint16_t>(lanes.size());
     QpOptions qp = qpOptions_;
-    options.makeSendComm = [this, index, qp](tcp::Fd control, std::vector<tcp::Fd>, const tcp::SocketAddress& peer) {
-      return std::unique_ptr<SendComm>(new VerbsSendComm(openPort(index), std::move(control), peer, qp));
+    uint64_t minStripe = minStripeBytes_;
+    options.makeSendCommWithPeer = [this, lanes, qp, minStripe](tcp::Fd control, std::vector<tcp::Fd>,
+                                                                 const tcp::PeerInfo& peer) {
+      return std::unique_ptr<SendComm>(
+          new VerbsSendComm(openPorts(lanes), peer.nicCount, std::move(control), peer.peer, qp, minStripe));
     };
-    options.makeRecvComm = [this, index, qp](tcp::Fd control, std::vector<tcp::Fd>, const tcp::SocketAddress& peer) {
-      return std::unique_ptr<RecvComm>(new VerbsRecvComm(openPort(index), std::move(control), peer, qp));
+    options.makeRecvCommWithPeer = [this, lanes, qp](tcp::Fd control, std::vector<tcp::Fd>,
+                                                      const tcp::PeerInfo& peer) {
+      return std::unique_ptr<RecvComm>(
+          new VerbsRecvComm(openPorts(lanes), peer.nicCount, std::move(control), peer.peer, qp));
     };
     return options;
   }
 
   const IbvApi& api_;
-  std::vector<VerbsPort> ports_;
+  std::vector<VerbsPort> ports_;  // physical devices; their info is guarded by mutex_ (place)
+  std::deque<DeviceInfo> fused_;  // guarded by mutex_; a deque keeps references handed out valid
   QpOptions qpOptions_;
   tcp::ConnectOptions connectOptions_;
-  std::mutex mutex_;
+  uint64_t minStripeBytes_ = 0;
+  mutable std::mutex mutex_;
   std::vector<std::weak_ptr<VerbsDevice>> devices_;  // guarded by mutex_
 };
 

@@ -112,3 +112,38 @@ TEST_CASE("bytes that are not a clear-to-send frame are a protocol error", "[fra
   }
   CHECK(why.find("protocol error") != std::string::npos);
 }
+
+TEST_CASE("a fused verbs receiver's frame carries one rkey per path for each buffer", "[framing][fusion]") {
+  // Two buffers, three paths: entries carry path 0's key, then buffer 0's keys for paths 1..2, then buffer 1's.
+  FrameHeader header{static_cast<uint8_t>(FrameType::kClearToSend), 2, 2, 7, 0};
+  std::vector<char> bytes(reinterpret_cast<const char*>(&header), reinterpret_cast<const char*>(&header) + sizeof(header));
+  const ClearToSendEntry entries[2] = {{5, 0xa0, 4096, 0x10000}, {6, 0xb0, 8192, 0x20000}};
+  bytes.insert(bytes.end(), reinterpret_cast<const char*>(entries), reinterpret_cast<const char*>(entries) + sizeof(entries));
+  const uint32_t keys[4] = {0xa1, 0xa2, 0xb1, 0xb2};
+  bytes.insert(bytes.end(), reinterpret_cast<const char*>(keys), reinterpret_cast<const char*>(keys) + sizeof(keys));
+
+  ClearToSendQueue queue;
+  std::string why;
+  // Everything but the last key: the frame waits for the rest.
+  REQUIRE(queue.parse(bytes.data(), bytes.size() - 1, &why) == 0);
+  REQUIRE(queue.parse(bytes.data(), bytes.size(), &why) == static_cast<long>(bytes.size()));
+  auto second = queue.claim(6);
+  auto first = queue.claim(5);
+  REQUIRE(first);
+  REQUIRE(second);
+  CHECK(first->rkey == 0xa0);
+  CHECK(first->pathKeys[0] == 0xa0);
+  CHECK(first->pathKeys[1] == 0xa1);
+  CHECK(first->pathKeys[2] == 0xa2);
+  CHECK(first->pathKeys[3] == 0xa0);  // beyond the frame's paths: path 0's key
+  CHECK(second->pathKeys[0] == 0xb0);
+  CHECK(second->pathKeys[1] == 0xb1);
+  CHECK(second->pathKeys[2] == 0xb2);
+  CHECK(second->address == 0x20000);
+
+  // A frame claiming more keys per buffer than paths can exist is refused.
+  FrameHeader bad{static_cast<uint8_t>(FrameType::kClearToSend), 1, railnet::tcp::kMaxKeysPerBuffer, 8, 0};
+  ClearToSendQueue other;
+  CHECK(other.parse(reinterpret_cast<const char*>(&bad), sizeof(bad), &why) == -1);
+  CHECK(why.find("keys per buffer") != std::string::npos);
+}

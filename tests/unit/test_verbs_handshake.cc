@@ -12,9 +12,10 @@ TEST_CASE("handshake: the QP record keeps its size and carries the local rail", 
   STATIC_REQUIRE(sizeof(QpInfo) == 68);
   STATIC_REQUIRE(offsetof(QpInfo, gid) == 48);
   STATIC_REQUIRE(offsetof(QpInfo, railId) == 64);
-  // Version 2 added railId where version 1 had reserved zeros: a version-1 peer is refused, not misread as
-  // rail 0.
-  CHECK(kQpInfoVersion == 2);
+  STATIC_REQUIRE(offsetof(QpInfo, path) == 66 && offsetof(QpInfo, paths) == 67);
+  // Version 2 added railId where version 1 had reserved zeros, version 3 the path fields (fused devices) where
+  // version 2 had zeros: an older peer is refused, not misread as rail 0 or as a connection of 0 paths.
+  CHECK(kQpInfoVersion == 3);
 }
 
 TEST_CASE("handshake: rails of both ends decide cross-rail connections in the NIC counters", "[verbs][handshake]") {
