@@ -97,7 +97,7 @@ void installSignalHandlers() {
 
 [[noreturn]] void usage(const char* error) {
   std::fprintf(stderr,
-               "%s\nusage: railnet-conformance --plugin PATH [--version all|8|9|10|11|12] [--group NAME[,NAME...]]\n"
+               "%s\nusage: railnet-conformance --plugin PATH [--version all|V[,V...]] [--group NAME[,NAME...]]\n"
                "         [--filter SUBSTRING] [--max-size BYTES[K|M|G]] [--list] [--verbose]\n"
                "         [--wait-timeout SEC] [--test-timeout SEC]\n",
                error);
@@ -116,6 +116,18 @@ size_t parseSize(const std::string& text) {
   usage("--max-size: unknown suffix");
 }
 
+// "a,b,c" -> {"a", "b", "c"}; empty items are dropped (--group and --version take lists).
+std::vector<std::string> splitList(const std::string& list) {
+  std::vector<std::string> items;
+  size_t start = 0;
+  while (start <= list.size()) {
+    const size_t comma = std::min(list.find(',', start), list.size());
+    if (comma > start) items.push_back(list.substr(start, comma - start));
+    start = comma + 1;
+  }
+  return items;
+}
+
 void parseOptions(int argc, char** argv) {
   Options& o = gOptions;
   for (int i = 1; i < argc; ++i) {
@@ -129,11 +141,16 @@ void parseOptions(int argc, char** argv) {
     else if (arg == "--version") {
       const std::string v = value();
       if (v != "all") {
-        const int n = std::atoi(v.c_str());
-        bool known = false;
-        for (int s : kSupportedVersions) known |= s == n;
-        if (!known) usage("--version: expected all, 8, 9, 10, 11 or 12");
-        o.versions = {n};
+        // One version or a comma-separated list, run in the order given.
+        o.versions.clear();
+        for (const std::string& item : splitList(v)) {
+          const int n = std::atoi(item.c_str());
+          bool known = false;
+          for (int s : kSupportedVersions) known |= s == n;
+          if (!known) usage("--version: expected all, or 8, 9, 10, 11, 12 (one or a comma-separated list)");
+          o.versions.push_back(n);
+        }
+        if (o.versions.empty()) usage("--version: empty list");
         o.versionGiven = true;
       }
     } else if (arg == "--group")
@@ -156,20 +173,8 @@ void parseOptions(int argc, char** argv) {
   if (o.plugin.empty() && !o.list) usage("--plugin is required");
 }
 
-// --group takes one group or a comma-separated list.
-std::vector<std::string> splitGroups(const std::string& list) {
-  std::vector<std::string> groups;
-  size_t start = 0;
-  while (start <= list.size()) {
-    const size_t comma = std::min(list.find(',', start), list.size());
-    if (comma > start) groups.push_back(list.substr(start, comma - start));
-    start = comma + 1;
-  }
-  return groups;
-}
-
 bool groupSelected(const char* group) {
-  for (const std::string& wanted : splitGroups(gOptions.group)) {
+  for (const std::string& wanted : splitList(gOptions.group)) {
     if (wanted == group) return true;
   }
   return false;
@@ -366,7 +371,7 @@ int runHarness(int argc, char** argv) {
   std::stable_sort(registry().begin(), registry().end(),
                    [](const TestCase& a, const TestCase& b) { return groupRank(a.group) < groupRank(b.group); });
   if (!gOptions.group.empty()) {
-    for (const std::string& wanted : splitGroups(gOptions.group)) {
+    for (const std::string& wanted : splitList(gOptions.group)) {
       bool known = false;
       for (const TestCase& test : registry()) known |= wanted == test.group;
       if (!known) usage(("unknown group " + wanted).c_str());

@@ -1,7 +1,7 @@
 #!/bin/bash
 # Runs INSIDE the qemu guest, chrooted into the host's (read-only) root, as root. Started by the
 # initramfs /init; run-in-guest.sh copies it into the per-run share directory as runner.sh.
-# It sets up veth0/veth1 + rxe0, then runs the command from the share's argv file in its cwd
+# It sets up veth0/veth1 + rxe0 (and more pairs and devices for --rxe-count), then runs the command from the share's argv file in its cwd
 # with the caller's environment (share's env file) plus RAILNET_RXE_*, and records the status.
 # Its stdout/stderr are the virtio-serial ports that run-in-guest.sh copies to the host's.
 set -u
@@ -19,37 +19,51 @@ fail() {
 note() { [ "$VERBOSE" = 1 ] && echo "run-in-guest[guest]: $*" >&2; return 0; }
 
 export PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
-dev=rxe0 ip0=10.77.0.1 ip1=10.77.0.2
+RXE_COUNT=${RXE_COUNT:-1}
 ip link set lo up || fail "ip link set lo up"
-ip link add veth0 type veth peer name veth1 || fail "ip link add veth0 type veth peer name veth1"
-ip link set veth0 mtu "$NETDEV_MTU" || fail "mtu $NETDEV_MTU on veth0"
-ip link set veth1 mtu "$NETDEV_MTU" || fail "mtu $NETDEV_MTU on veth1"
-ip addr add "$ip0/24" dev veth0 || fail "address on veth0"
-ip addr add "$ip1/24" dev veth1 || fail "address on veth1"
-ip link set veth0 up || fail "veth0 up"
-ip link set veth1 up || fail "veth1 up"
-rdma link add "$dev" type rxe netdev veth0 || fail "rdma link add $dev type rxe netdev veth0"
-
-# Wait for the port to be ACTIVE, the uverbs node to exist, and the RoCE v2 GID of $ip0.
-port=/sys/class/infiniband/$dev/ports/1
-want_gid=0000:0000:0000:0000:0000:ffff:$(printf '%02x%02x:%02x%02x' ${ip0//./ })
-gid_index=
-for _ in $(seq 1 300); do
-  if grep -q ACTIVE "$port/state" 2>/dev/null && ls /dev/infiniband/uverbs* > /dev/null 2>&1; then
-    for g in "$port"/gids/*; do   # 1024 entries: builtins only (a fork costs ~50 ms under TCG)
-      i=${g##*/} v='' t=''
-      read -r v < "$g" 2>/dev/null
-      [ "$v" = "$want_gid" ] || continue
-      read -r t < "$port/gid_attrs/types/$i" 2>/dev/null
-      if [ "$t" = "RoCE v2" ]; then gid_index=$i; break; fi
-    done
-    [ -n "$gid_index" ] && break
-  fi
-  sleep 0.1
+# Device k: rxe<k> on veth<2k> (10.<77+k>.0.1), whose peer veth<2k+1> holds 10.<77+k>.0.2.
+for k in $(seq 0 $((RXE_COUNT - 1))); do
+  a=veth$((2 * k)) b=veth$((2 * k + 1)) net=10.$((77 + k)).0
+  ip link add "$a" type veth peer name "$b" || fail "ip link add $a type veth peer name $b"
+  ip link set "$a" mtu "$NETDEV_MTU" || fail "mtu $NETDEV_MTU on $a"
+  ip link set "$b" mtu "$NETDEV_MTU" || fail "mtu $NETDEV_MTU on $b"
+  ip addr add "$net.1/24" dev "$a" || fail "address on $a"
+  ip addr add "$net.2/24" dev "$b" || fail "address on $b"
+  ip link set "$a" up || fail "$a up"
+  ip link set "$b" up || fail "$b up"
+  rdma link add "rxe$k" type rxe netdev "$a" || fail "rdma link add rxe$k type rxe netdev $a"
 done
-[ -n "$gid_index" ] || fail "$dev: port not ACTIVE or no RoCE v2 GID for $ip0 after 30 s (state: $(cat "$port/state" 2>/dev/null))"
+
+# Waits until rxe<k>'s port is ACTIVE, the uverbs node exists, and the RoCE v2 GID of its address is there;
+# sets gid_index.
+wait_port() {
+  local dev=$1 ip=$2
+  local port=/sys/class/infiniband/$dev/ports/1
+  local want_gid=0000:0000:0000:0000:0000:ffff:$(printf '%02x%02x:%02x%02x' ${ip//./ })
+  gid_index=
+  for _ in $(seq 1 300); do
+    if grep -q ACTIVE "$port/state" 2>/dev/null && ls /dev/infiniband/uverbs* > /dev/null 2>&1; then
+      for g in "$port"/gids/*; do   # 1024 entries: builtins only (a fork costs ~50 ms under TCG)
+        i=${g##*/} v='' t=''
+        read -r v < "$g" 2>/dev/null
+        [ "$v" = "$want_gid" ] || continue
+        read -r t < "$port/gid_attrs/types/$i" 2>/dev/null
+        if [ "$t" = "RoCE v2" ]; then gid_index=$i; break; fi
+      done
+      [ -n "$gid_index" ] && return 0
+    fi
+    sleep 0.1
+  done
+  fail "$dev: port not ACTIVE or no RoCE v2 GID for $ip after 30 s (state: $(cat "$port/state" 2>/dev/null))"
+}
+devs= ips=
+for k in $(seq $((RXE_COUNT - 1)) -1 0); do   # rxe0 last, so gid_index ends as rxe0's
+  wait_port "rxe$k" "10.$((77 + k)).0.1"
+  devs="rxe$k${devs:+,$devs}" ips="10.$((77 + k)).0.1${ips:+,$ips}"
+done
+dev=rxe0 ip0=10.77.0.1 ip1=10.77.0.2
 ib_mtu=$(ibv_devinfo -d "$dev" 2>/dev/null | sed -n 's/^[[:space:]]*active_mtu:[[:space:]]*\([0-9]*\).*/\1/p' | head -1)
-note "up $(cut -d' ' -f1 /proc/uptime)s after boot: $dev on veth0 $ip0 (peer veth1 $ip1), GID index $gid_index, active MTU ${ib_mtu:-?}"
+note "up $(cut -d' ' -f1 /proc/uptime)s after boot: $devs ($ips); $dev on veth0 $ip0 (peer veth1 $ip1), GID index $gid_index, active MTU ${ib_mtu:-?}"
 
 # Twice: a hard limit below the guest's current soft one only sticks once the soft one is lower.
 eval "$LIMITS" 2>/dev/null; eval "$LIMITS" 2>/dev/null || note "could not apply all of: $LIMITS"
@@ -74,6 +88,8 @@ envs+=(
   "RAILNET_RXE_GID_INDEX=$gid_index"
   "RAILNET_RXE_IB_MTU=${ib_mtu:-}"
   "RAILNET_RXE_NETDEV_MTU=$NETDEV_MTU"
+  "RAILNET_RXE_DEVS=$devs"
+  "RAILNET_RXE_IPS=$ips"
 )
 argv=()
 while IFS= read -r -d '' a; do argv+=("$a"); done < "$share/argv"

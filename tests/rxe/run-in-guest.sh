@@ -10,18 +10,22 @@
 #                     is read-only in the guest; /tmp, /run and /dev/shm are guest tmpfs.
 #   --ro-cwd          do not export the cwd read-write
 #   --mem SIZE        guest memory (default 3G)       --smp N  guest CPUs (default 2)
-#   --netdev-mtu N    MTU of veth0/veth1 (default 1500, which gives rxe active_mtu 1024;
+#   --netdev-mtu N    MTU of the veths (default 1500, which gives rxe active_mtu 1024;
 #                     4200+ gives 4096)
+#   --rxe-count N     soft-RoCE devices (1..4, default 1): rxe<k> on veth<2k>, 10.<77+k>.0.1, each with its own
+#                     veth pair. Each device reaches only itself (see tests/rxe/README.md), which is what
+#                     fusing rxe0+rxe1 on both ends of a connection needs.
 #   -v, --verbose     print the guest's setup line and the console log path
 # The guest sees the host's root read-only (9p), so host-built binaries run unchanged. COMMAND
 # runs as root in the guest with the caller's whole environment plus:
 #   RAILNET_RXE_IN_GUEST=1 RAILNET_RXE_DEV=rxe0 RAILNET_RXE_PORT=1 RAILNET_RXE_NETDEV=veth0
 #   RAILNET_RXE_IP=10.77.0.1 RAILNET_RXE_PEER_NETDEV=veth1 RAILNET_RXE_PEER_IP=10.77.0.2
 #   RAILNET_RXE_GID_INDEX=<RoCE v2 GID of 10.77.0.1> RAILNET_RXE_IB_MTU=<active_mtu bytes>
+#   RAILNET_RXE_DEVS=rxe0[,rxe1...] RAILNET_RXE_IPS=10.77.0.1[,10.78.0.1...]
 # Its stdout/stderr stream to this script's stdout/stderr; stdin is /dev/null. Exit status:
 # COMMAND's, 124 on the host-side timeout, 125 when the rig itself failed (guest setup, boot).
-# Environment: RAILNET_RXE_TIMEOUT, RAILNET_RXE_MEM, RAILNET_RXE_SMP, RAILNET_RXE_NETDEV_MTU
-# (defaults for the options), RAILNET_RXE_KEEP=1 keeps the per-run temp dir (console log).
+# Environment: RAILNET_RXE_TIMEOUT, RAILNET_RXE_MEM, RAILNET_RXE_SMP, RAILNET_RXE_NETDEV_MTU,
+# RAILNET_RXE_COUNT (defaults for the options), RAILNET_RXE_KEEP=1 keeps the per-run temp dir (console log).
 set -euo pipefail
 
 script_dir=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -33,6 +37,7 @@ timeout_s=${RAILNET_RXE_TIMEOUT:-600}
 mem=${RAILNET_RXE_MEM:-3G}
 smp=${RAILNET_RXE_SMP:-2}
 netdev_mtu=${RAILNET_RXE_NETDEV_MTU:-1500}
+rxe_count=${RAILNET_RXE_COUNT:-1}
 cwd=$PWD
 ro_cwd=0
 verbose=0
@@ -46,6 +51,7 @@ while [ $# -gt 0 ]; do
     --mem) mem=$2; shift 2 ;;
     --smp) smp=$2; shift 2 ;;
     --netdev-mtu) netdev_mtu=$2; shift 2 ;;
+    --rxe-count) rxe_count=$2; shift 2 ;;
     -v|--verbose) verbose=1; shift ;;
     -h|--help) usage ;;
     --) shift; break ;;
@@ -55,6 +61,7 @@ done
 [ $# -gt 0 ] || usage
 [[ "$timeout_s" =~ ^[0-9]+$ ]] && [ "$timeout_s" -gt 0 ] || die "--timeout wants a positive number of seconds"
 [[ "$netdev_mtu" =~ ^[0-9]+$ ]] || die "--netdev-mtu wants a number"
+[[ "$rxe_count" =~ ^[1-4]$ ]] || die "--rxe-count wants 1..4"
 cwd=$(cd "$cwd" && pwd -P) || die "no directory $cwd"
 [ "$(id -u)" -eq 0 ] || die "needs root (qemu exports the host's / over 9p)"
 
@@ -120,6 +127,7 @@ qemu_fs=(-virtfs "local,path=/,mount_tag=host,security_model=none,multidevs=rema
 {
   echo "CWD=$(sq "$cwd")"
   echo "NETDEV_MTU=$netdev_mtu"
+  echo "RXE_COUNT=$rxe_count"
   echo "VERBOSE=$verbose"
   # The caller's resource limits (the guest's init starts with the kernel's: 1024 open files).
   printf 'LIMITS='
