@@ -31,6 +31,10 @@ constexpr const char* kUsage =
     "  --timeout S       report a stall after S seconds without progress (default 30)\n"
     "  --csv FILE        also write the rows as CSV\n"
     "  --quick           fewer, smaller points (CI)\n"
+    "  --device NAME     railnet device to measure (default: \"lo\", else device 0); \"A+B\" fuses the named\n"
+    "                    devices through makeVDevice, e.g. lo@127.0.1.1+lo@127.0.2.1 with RAILNET_TCP_ADDRESSES\n"
+    "  --against PEER    the baseline measured in the same run: raw (raw TCP, default; the goal applies) or a\n"
+    "                    railnet device name as for --device (fused vs one rail: scripts/rails-tc.sh)\n"
     "  -v, --verbose     forward the plugin's INFO lines to stderr (WARN always goes there)\n"
     "Environment: RAILNET_IFNAME defaults to lo here; RAILNET_TCP_STREAMS sets the streams of railnet and of\n"
     "the raw TCP peer alike.\n";
@@ -95,6 +99,8 @@ Options parseOptions(int argc, char** argv) {
     else if (arg == "--window") options.window = parseWindow(value());
     else if (arg == "--csv") options.csv = value();
     else if (arg == "--quick") quick = true;
+    else if (arg == "--device") options.device = value();
+    else if (arg == "--against") options.against = value();
     else if (arg == "-v" || arg == "--verbose") options.verbose = true;
     else if (arg == "-h" || arg == "--help") {
       fputs(kUsage, stdout);

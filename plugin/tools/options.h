@@ -21,6 +21,9 @@ struct Options {
   int window = 8;
   std::string csv;
   bool verbose = false;
+  std::string device;           // --device: empty = the default loopback device ("lo", else device 0)
+  std::string against = "raw";  // --against: "raw" (raw TCP) or a railnet device name (a+b fuses)
+  bool againstRaw() const { return against == "raw"; }
 };
 
 // Exits with status 2 and the usage text on a bad command line, 0 after --help.

@@ -149,6 +149,18 @@ ncclResult_t NetPlugin::properties(int dev, DeviceProps* props) const {
   });
 }
 
+ncclResult_t NetPlugin::makeVDevice(int* dev, const std::vector<int>& children) const {
+  return dispatch([&](const auto& net) {
+    using Net = std::decay_t<decltype(net)>;
+    std::conditional_t<std::is_same_v<Net, ncclNet_v12_t>, ncclNetVDeviceProps_v12_t, ncclNetVDeviceProps_v11_t> props{};
+    constexpr size_t kRoom = sizeof(props.devs) / sizeof(props.devs[0]);
+    if (children.size() > kRoom || net.makeVDevice == nullptr) return ncclInvalidUsage;
+    props.ndevs = static_cast<int>(children.size());
+    for (size_t i = 0; i < children.size(); ++i) props.devs[i] = children[i];
+    return net.makeVDevice(dev, &props);
+  });
+}
+
 ncclResult_t NetPlugin::listen(void* ctx, int dev, void* handle, void** listenComm) const {
   return dispatch([&](const auto& net) { return net.listen(ctx, dev, handle, listenComm); });
 }

@@ -44,6 +44,8 @@ class NetPlugin {
   ncclResult_t finalize(void* ctx) const;  // ncclSuccess when the plugin has no finalize
   ncclResult_t devices(int* count) const;
   ncclResult_t properties(int dev, DeviceProps* props) const;
+  // NIC fusion (ABI v9+; the bench loads v12 or v11, both have it): a virtual device over `children`.
+  ncclResult_t makeVDevice(int* dev, const std::vector<int>& children) const;
 
   ncclResult_t listen(void* ctx, int dev, void* handle, void** listenComm) const;
   ncclResult_t connect(void* ctx, int dev, void* handle, void** sendComm) const;

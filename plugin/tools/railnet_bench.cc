@@ -132,18 +132,30 @@ int run(const Options& options) {
   const std::vector<size_t> sizes = sweepSizes(options);
 
   StallGuard guard(options.timeout);
-  CsvFile csv(options.csv);
+  CsvFile csv(options.csv, options.againstRaw());
   guard.setPhase("loading the plugin");
   std::unique_ptr<NetPlugin> net = openPlugin(options);
   guard.setPhase("allocating buffers");
   BenchBuffers buffers(options.maxSize, options.window, kArenaCap);
-  RailnetPeer railnet(*net, "lo", options.window, buffers, guard);
+  const bool named = !options.device.empty();
+  RailnetPeer railnet(*net, named ? options.device : "lo", options.window, buffers, guard, named,
+                      named ? options.device : "railnet");
   if (options.maxSize > railnet.device().maxP2pBytes) {
     fail("--max-size %zu exceeds the device's maxP2pBytes %zu", options.maxSize, railnet.device().maxP2pBytes);
   }
-  std::optional<RawTcpPeer> raw(std::in_place, streams, options.window, buffers, guard);
-  printHeader({net->path(), net->symbol(), net->name(), railnet.deviceIndex(), railnet.device().name, streams,
-               options.window, options.seconds});
+  // The baseline measured next to it: raw TCP over lo, or another railnet device (e.g. one rail vs two fused).
+  std::unique_ptr<Peer> baseline;
+  if (options.againstRaw()) {
+    baseline = std::make_unique<RawTcpPeer>(streams, options.window, buffers, guard);
+  } else {
+    baseline = std::make_unique<RailnetPeer>(*net, options.against, options.window, buffers, guard, true,
+                                             options.against);
+  }
+  RunDescription description{net->path(), net->symbol(), net->name(), railnet.deviceIndex(), railnet.device().name,
+                             streams, options.window, options.seconds};
+  description.baseline = options.againstRaw() ? "raw TCP" : options.against;
+  description.baselineIsRaw = options.againstRaw();
+  printHeader(description);
 
   try {
     std::vector<Row> rows;
@@ -151,14 +163,14 @@ int run(const Options& options) {
     for (size_t i = 0; i < sizes.size(); ++i) {
       auto announce = [&](const std::string& what) { progress.show(i, sizes.size(), sizes[i], what); };
       Row row{sizes[i], measure(railnet, sizes[i], options, buffers, guard, announce),
-              measure(*raw, sizes[i], options, buffers, guard, announce)};
+              measure(*baseline, sizes[i], options, buffers, guard, announce)};
       progress.finish();
       printRow(row);
       csv.write(row);
       rows.push_back(row);
     }
-    printSummary(rows);
-    raw.reset();
+    printSummary(rows, options.againstRaw());
+    baseline.reset();
     railnet.shutdown();
   } catch (const std::exception& error) {
     die(error);

@@ -2,6 +2,7 @@
 
 #include <sched.h>
 
+#include <algorithm>
 #include <cstdio>
 
 namespace railnet::bench {
@@ -106,24 +107,61 @@ class RailnetPeer::Link {
   const char* label_;
 };
 
+namespace {
+
+// The index of the device named `name`, or -1.
+int findDevice(const NetPlugin& net, int count, const std::string& name) {
+  DeviceProps props;
+  for (int dev = 0; dev < count; ++dev) {
+    NetPlugin::check(net.properties(dev, &props), "getProperties");
+    if (props.name == name) return dev;
+  }
+  return -1;
+}
+
+std::string deviceList(const NetPlugin& net, int count) {
+  std::string names;
+  DeviceProps props;
+  for (int dev = 0; dev < count; ++dev) {
+    NetPlugin::check(net.properties(dev, &props), "getProperties");
+    names += (names.empty() ? "" : ", ") + props.name;
+  }
+  return names;
+}
+
+}  // namespace
+
 RailnetPeer::RailnetPeer(const NetPlugin& net, const std::string& deviceName, int window, BenchBuffers& buffers,
-                         StallGuard& guard)
-    : net_(net), buffers_(buffers), guard_(guard), window_(window) {
-  guard.setPhase("railnet init/devices");
+                         StallGuard& guard, bool exact, std::string label)
+    : net_(net), buffers_(buffers), guard_(guard), window_(window), label_(std::move(label)) {
+  guard.setPhase(label_ + " init/devices");
   NetPlugin::check(net.init(&ctx_, kCommId), "init");
   try {
     int count = 0;
     NetPlugin::check(net.devices(&count), "devices");
     if (count <= 0) fail("plugin devices() reports %d devices (is RAILNET_IFNAME right?)", count);
-    // The bench is loopback: prefer the device named like the interface, else device 0 as NCCL would.
-    for (int dev = 0; dev < count; ++dev) {
-      NetPlugin::check(net.properties(dev, &props_), "getProperties");
-      if (props_.name == deviceName) {
-        dev_ = dev;
-        break;
+    if (deviceName.find('+') != std::string::npos) {
+      // "a+b": fuse the named devices, as NCCL does with NCCL_NET_MERGE_LEVEL / NCCL_NET_FORCE_MERGE.
+      std::vector<int> children;
+      size_t start = 0;
+      while (start <= deviceName.size()) {
+        const size_t plus = std::min(deviceName.find('+', start), deviceName.size());
+        const std::string child = deviceName.substr(start, plus - start);
+        const int dev = findDevice(net, count, child);
+        if (dev < 0) fail("no device named \"%s\" to fuse (devices: %s)", child.c_str(), deviceList(net, count).c_str());
+        children.push_back(dev);
+        start = plus + 1;
       }
+      NetPlugin::check(net.makeVDevice(&dev_, children), "makeVDevice");
+    } else {
+      // The default loopback run prefers the device named like the interface, else device 0 as NCCL would.
+      dev_ = findDevice(net, count, deviceName);
+      if (dev_ < 0 && exact) {
+        fail("no device named \"%s\" (devices: %s)", deviceName.c_str(), deviceList(net, count).c_str());
+      }
+      if (dev_ < 0) dev_ = 0;
     }
-    if (props_.name != deviceName) NetPlugin::check(net.properties(dev_, &props_), "getProperties");
+    NetPlugin::check(net.properties(dev_, &props_), "getProperties");
     if (!(props_.ptrSupport & NCCL_PTR_HOST)) {
       fail("device %d does not support host memory (ptrSupport %d)", dev_, props_.ptrSupport);
     }

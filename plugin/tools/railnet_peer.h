@@ -17,15 +17,17 @@ namespace railnet::bench {
 
 class RailnetPeer final : public Peer {
  public:
-  // init() one context, pick the device named `deviceName` (else device 0), and connect both links.
+  // init() one context, pick the device, and connect both links. `deviceName` is a device's name, or names
+  // joined by '+' to fuse those devices (makeVDevice); when `exact` is false a missing name falls back to
+  // device 0 (the default loopback run), else it is an error. `label` names the peer in tables and messages.
   RailnetPeer(const NetPlugin& net, const std::string& deviceName, int window, BenchBuffers& buffers,
-              StallGuard& guard);
+              StallGuard& guard, bool exact = false, std::string label = "railnet");
   ~RailnetPeer() override;  // closes both links, then finalize(); failures only printed
 
   // The same teardown, throwing on the first failure; the destructor then has nothing left to do.
   void shutdown();
 
-  std::string name() const override { return "railnet"; }
+  std::string name() const override { return label_; }
   const DeviceProps& device() const noexcept { return props_; }
   int deviceIndex() const noexcept { return dev_; }
 
@@ -50,6 +52,7 @@ class RailnetPeer final : public Peer {
   void* ctx_ = nullptr;
   bool open_ = false;  // init succeeded and shutdown() has not run
   int dev_ = 0;
+  std::string label_;
   DeviceProps props_;
   std::unique_ptr<Link> forward_;  // send -> recv buffers
   std::unique_ptr<Link> back_;     // echoSend -> echoRecv buffers

@@ -38,17 +38,21 @@ struct RunDescription {
   int streams;
   int window;
   double seconds;
+  std::string baseline = "raw TCP";  // the second column's peer: "raw TCP" or a railnet device name
+  bool baselineIsRaw = true;         // the goal (vs raw TCP) is judged only then
 };
 
 void printHeader(const RunDescription& run);
 void printRow(const Row& row);
-// The smallest bw ratio over sizes >= kGoalFromSize, PASS or MISS.
-void printSummary(const std::vector<Row>& rows);
+// The smallest bw ratio over sizes >= kGoalFromSize: PASS or MISS against raw TCP; against another railnet
+// device, the min and median ratio without a verdict.
+void printSummary(const std::vector<Row>& rows, bool baselineIsRaw);
 
 // Rows as CSV, flushed one by one so an interrupted run keeps what it measured. Inactive without a path.
 class CsvFile {
  public:
-  explicit CsvFile(const std::string& path);
+  // The raw-TCP columns keep their names (raw_tcp_gbps, raw_lat_us); another baseline's are baseline_*.
+  CsvFile(const std::string& path, bool baselineIsRaw);
   void write(const Row& row);
 
  private:
