@@ -33,12 +33,12 @@ case "${1:-}" in
     log=$(mktemp)
     # One guest with two soft-RoCE devices. The ABI adapters do not depend on the transport and the TCP runs
     # (normal, ASan, TSan) cover every version and group, so under TCG the full groups run once, through v12,
-    # and v8-v11 run the groups whose calls differ per version (decisions D56). The fusion group fuses rxe0+rxe1;
-    # each rxe device reaches only itself, so its cross-NIC parts are off (tests/rxe/README.md).
+    # and v8-v11 run the groups whose calls differ per version (decisions D56). The fusion group fuses rxe0+rxe1,
+    # which reach each other over the guest's veth pair (tests/rxe/README.md).
     RAILNET_TRANSPORT=verbs tests/rxe/run-in-guest.sh --rxe-count 2 --timeout 1200 -- sh -c '
       status=0
       build/tests/unit/railnet-unit-tests || status=1
-      export RAILNET_RAILS=rxe0:0,rxe1:1 RAILNET_TEST_CROSS_NIC=0
+      export RAILNET_RAILS=rxe0:0,rxe1:1
       conformance="build/tests/conformance/railnet-conformance --plugin build/libnccl-net-railnet.so --max-size 64M"
       $conformance --version 12 --group basic,data,grouped,failure,lifecycle,verbs,fusion || status=1
       $conformance --version 8,9,10,11 --group basic,grouped || status=1

@@ -5,9 +5,9 @@
 //    RAILNET_TCP_ADDRESSES=127.0.1.1,127.0.2.1,127.0.3.1 (the devices named lo@127.0.*);
 //  - verbs (RAILNET_TRANSPORT=verbs): every physical RDMA port, e.g. the soft-RoCE guest's rxe0 and rxe1
 //    (tests/rxe/run-in-guest.sh --rxe-count 2), with RAILNET_RAILS giving them distinct rails (rxe0:0,rxe1:1).
-//    Parts that need three NICs use two when only two exist, and the
-//    cross-NIC counter check runs only where the rig says two NICs reach each other
-//    (RAILNET_TEST_CROSS_NIC=0 turns it off; the rxe rig sets it).
+//    Parts that need three NICs use two when only two exist.
+// The parts that need one NIC to reach another (cross-rail counters, fused <-> physical) can be switched off
+// with RAILNET_TEST_CROSS_NIC=0 for a rig whose NICs reach only themselves.
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>

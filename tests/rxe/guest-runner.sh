@@ -1,7 +1,7 @@
 #!/bin/bash
 # Runs INSIDE the qemu guest, chrooted into the host's (read-only) root, as root. Started by the
 # initramfs /init; run-in-guest.sh copies it into the per-run share directory as runner.sh.
-# It sets up veth0/veth1 + rxe0 (and more pairs and devices for --rxe-count), then runs the command from the share's argv file in its cwd
+# It sets up veth0/veth1 + rxe0 (and rxe1 on veth1 for --rxe-count 2), then runs the command from the share's argv file in its cwd
 # with the caller's environment (share's env file) plus RAILNET_RXE_*, and records the status.
 # Its stdout/stderr are the virtio-serial ports that run-in-guest.sh copies to the host's.
 set -u
@@ -20,19 +20,32 @@ note() { [ "$VERBOSE" = 1 ] && echo "run-in-guest[guest]: $*" >&2; return 0; }
 
 export PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
 RXE_COUNT=${RXE_COUNT:-1}
+dev=rxe0 ip0=10.77.0.1 ip1=10.77.0.2
 ip link set lo up || fail "ip link set lo up"
-# Device k: rxe<k> on veth<2k> (10.<77+k>.0.1), whose peer veth<2k+1> holds 10.<77+k>.0.2.
-for k in $(seq 0 $((RXE_COUNT - 1))); do
-  a=veth$((2 * k)) b=veth$((2 * k + 1)) net=10.$((77 + k)).0
-  ip link add "$a" type veth peer name "$b" || fail "ip link add $a type veth peer name $b"
-  ip link set "$a" mtu "$NETDEV_MTU" || fail "mtu $NETDEV_MTU on $a"
-  ip link set "$b" mtu "$NETDEV_MTU" || fail "mtu $NETDEV_MTU on $b"
-  ip addr add "$net.1/24" dev "$a" || fail "address on $a"
-  ip addr add "$net.2/24" dev "$b" || fail "address on $b"
-  ip link set "$a" up || fail "$a up"
-  ip link set "$b" up || fail "$b up"
-  rdma link add "rxe$k" type rxe netdev "$a" || fail "rdma link add rxe$k type rxe netdev $a"
-done
+ip link add veth0 type veth peer name veth1 || fail "ip link add veth0 type veth peer name veth1"
+ip link set veth0 mtu "$NETDEV_MTU" || fail "mtu $NETDEV_MTU on veth0"
+ip link set veth1 mtu "$NETDEV_MTU" || fail "mtu $NETDEV_MTU on veth1"
+ip addr add "$ip0/24" dev veth0 || fail "address on veth0"
+ip addr add "$ip1/24" dev veth1 || fail "address on veth1"
+ip link set veth0 up || fail "veth0 up"
+ip link set veth1 up || fail "veth1 up"
+rdma link add rxe0 type rxe netdev veth0 || fail "rdma link add rxe0 type rxe netdev veth0"
+if [ "$RXE_COUNT" = 2 ]; then
+  # rxe1 on the pair's other end. Both addresses are local, so by default a packet between them leaves through
+  # lo, which has no rxe device, and rxe drops it. Policy routing sends traffic from one address to the other
+  # out of its own veth instead (the local table moves behind two rules); the receiving end must accept a
+  # local source address. Each device still reaches itself through rxe's own loopback.
+  rdma link add rxe1 type rxe netdev veth1 || fail "rdma link add rxe1 type rxe netdev veth1"
+  for c in all default veth0 veth1; do
+    sysctl -qw "net.ipv4.conf.$c.accept_local=1" "net.ipv4.conf.$c.rp_filter=0" || fail "sysctl on $c"
+  done
+  ip rule add pref 100 lookup local || fail "ip rule add pref 100 lookup local"
+  ip rule del pref 0 lookup local || fail "ip rule del pref 0 lookup local"
+  ip route add "$ip1" dev veth0 src "$ip0" table 101 || fail "route table 101"
+  ip route add "$ip0" dev veth1 src "$ip1" table 102 || fail "route table 102"
+  ip rule add pref 10 iif lo from "$ip0" to "$ip1" lookup 101 || fail "ip rule 101"
+  ip rule add pref 11 iif lo from "$ip1" to "$ip0" lookup 102 || fail "ip rule 102"
+fi
 
 # Waits until rxe<k>'s port is ACTIVE, the uverbs node exists, and the RoCE v2 GID of its address is there;
 # sets gid_index.
@@ -56,12 +69,12 @@ wait_port() {
   done
   fail "$dev: port not ACTIVE or no RoCE v2 GID for $ip after 30 s (state: $(cat "$port/state" 2>/dev/null))"
 }
-devs= ips=
-for k in $(seq $((RXE_COUNT - 1)) -1 0); do   # rxe0 last, so gid_index ends as rxe0's
-  wait_port "rxe$k" "10.$((77 + k)).0.1"
-  devs="rxe$k${devs:+,$devs}" ips="10.$((77 + k)).0.1${ips:+,$ips}"
-done
-dev=rxe0 ip0=10.77.0.1 ip1=10.77.0.2
+devs=rxe0 ips=$ip0
+if [ "$RXE_COUNT" = 2 ]; then
+  wait_port rxe1 "$ip1"
+  devs=rxe0,rxe1 ips=$ip0,$ip1
+fi
+wait_port rxe0 "$ip0"   # last, so gid_index is rxe0's
 ib_mtu=$(ibv_devinfo -d "$dev" 2>/dev/null | sed -n 's/^[[:space:]]*active_mtu:[[:space:]]*\([0-9]*\).*/\1/p' | head -1)
 note "up $(cut -d' ' -f1 /proc/uptime)s after boot: $devs ($ips); $dev on veth0 $ip0 (peer veth1 $ip1), GID index $gid_index, active MTU ${ib_mtu:-?}"
 
