@@ -154,7 +154,10 @@ ncclResult_t NetPlugin::makeVDevice(int* dev, const std::vector<int>& children) 
     using Net = std::decay_t<decltype(net)>;
     std::conditional_t<std::is_same_v<Net, ncclNet_v12_t>, ncclNetVDeviceProps_v12_t, ncclNetVDeviceProps_v11_t> props{};
     constexpr size_t kRoom = sizeof(props.devs) / sizeof(props.devs[0]);
-    if (children.size() > kRoom || net.makeVDevice == nullptr) return ncclInvalidUsage;
+    if (net.makeVDevice == nullptr) fail("%s: the plugin's %s has no makeVDevice (NIC fusion)", path_.c_str(), symbol());
+    if (children.empty() || children.size() > kRoom) {
+      fail("cannot fuse %zu device(s): %s's makeVDevice takes 1..%zu", children.size(), symbol(), kRoom);
+    }
     props.ndevs = static_cast<int>(children.size());
     for (size_t i = 0; i < children.size(); ++i) props.devs[i] = children[i];
     return net.makeVDevice(dev, &props);

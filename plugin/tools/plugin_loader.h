@@ -44,7 +44,9 @@ class NetPlugin {
   ncclResult_t finalize(void* ctx) const;  // ncclSuccess when the plugin has no finalize
   ncclResult_t devices(int* count) const;
   ncclResult_t properties(int dev, DeviceProps* props) const;
-  // NIC fusion (ABI v9+; the bench loads v12 or v11, both have it): a virtual device over `children`.
+  // NIC fusion (ABI v9+; the bench loads v12 or v11, both have it): a virtual device over `children`, at most 8
+  // (v12) or 4 (v11, the size of its vProps.devs). Throws BenchError when the table has no makeVDevice or the
+  // count does not fit; the plugin's own refusal comes back as its result.
   ncclResult_t makeVDevice(int* dev, const std::vector<int>& children) const;
 
   ncclResult_t listen(void* ctx, int dev, void* handle, void** listenComm) const;

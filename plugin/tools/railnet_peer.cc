@@ -152,7 +152,11 @@ RailnetPeer::RailnetPeer(const NetPlugin& net, const std::string& deviceName, in
         children.push_back(dev);
         start = plus + 1;
       }
-      NetPlugin::check(net.makeVDevice(&dev_, children), "makeVDevice");
+      const ncclResult_t fused = net.makeVDevice(&dev_, children);
+      if (fused != ncclSuccess) {
+        fail("plugin makeVDevice(%s) returned %s (%d); the plugin's WARN above says why", deviceName.c_str(),
+             ncclResultName(fused), static_cast<int>(fused));
+      }
     } else {
       // The default loopback run prefers the device named like the interface, else device 0 as NCCL would.
       dev_ = findDevice(net, count, deviceName);
