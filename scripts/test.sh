@@ -34,7 +34,7 @@ case "${1:-}" in
     # One guest with two soft-RoCE devices. The ABI adapters do not depend on the transport and the TCP runs
     # (normal, ASan, TSan) cover every version and group, so under TCG the full groups run once, through v12,
     # and v8-v11 run the groups whose calls differ per version (decisions D56). The fusion group fuses rxe0+rxe1,
-    # which reach each other over the guest's veth pair (tests/rxe/README.md).
+    # which reach each other through the guest's bridge and policy routing (tests/rxe/README.md).
     RAILNET_TRANSPORT=verbs tests/rxe/run-in-guest.sh --rxe-count 2 --timeout 1200 -- sh -c '
       status=0
       build/tests/unit/railnet-unit-tests || status=1

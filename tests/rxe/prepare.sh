@@ -101,7 +101,8 @@ vmlinuz=$kroot/boot/vmlinuz-$kver
 #   virtio_pci, 9pnet_virtio, 9p: the host's root over virtio-9p.  virtio_console: the
 #   command's stdout and stderr reach the host through virtio-serial ports.
 #   veth, rdma_rxe: the soft-RoCE device.  rdma_ucm: librdmacm (optional; perftest -R).
-modules=(crc32_generic virtio_pci virtio_console 9pnet_virtio 9p veth rdma_rxe rdma_ucm)
+#   bridge: run-in-guest.sh --rxe-count 2..4 puts the devices' veths on one bridge.
+modules=(crc32_generic virtio_pci virtio_console 9pnet_virtio 9p veth bridge rdma_rxe rdma_ucm)
 busybox=$(command -v busybox) || die "busybox not found"
 
 initrd=$cache/initramfs-$kver.cpio.gz

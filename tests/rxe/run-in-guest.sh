@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Runs a command inside a qemu guest (TCG) that has a real soft-RoCE device, rxe0, on veth0.
+# Runs a command inside a qemu guest (TCG) that has a real soft-RoCE device, rxe0, on veth0 (and up to 3 more).
 #   tests/rxe/run-in-guest.sh [options] -- COMMAND [ARGS...]
 # Options:
 #   --timeout SEC     host-side limit for the whole run, boot included (default 600). On expiry
@@ -12,15 +12,16 @@
 #   --mem SIZE        guest memory (default 3G)       --smp N  guest CPUs (default 2)
 #   --netdev-mtu N    MTU of the veths (default 1500, which gives rxe active_mtu 1024;
 #                     4200+ gives 4096)
-#   --rxe-count N     soft-RoCE devices, 1 or 2 (default 1). 2 adds rxe1 on veth1 (10.77.0.2), with policy
-#                     routing so that rxe0 and rxe1 reach each other over the veth pair (tests/rxe/README.md).
+#   --rxe-count N     soft-RoCE devices, 1 to 4 (default 1). Device k is rxe<k> on veth<k>, 10.77.0.<k+1>. With 2+,
+#                     each veth's peer is a port of one bridge and policy routing makes every device reach every
+#                     other one (and itself, as with 1); see tests/rxe/README.md.
 #   -v, --verbose     print the guest's setup line and the console log path
 # The guest sees the host's root read-only (9p), so host-built binaries run unchanged. COMMAND
 # runs as root in the guest with the caller's whole environment plus:
 #   RAILNET_RXE_IN_GUEST=1 RAILNET_RXE_DEV=rxe0 RAILNET_RXE_PORT=1 RAILNET_RXE_NETDEV=veth0
 #   RAILNET_RXE_IP=10.77.0.1 RAILNET_RXE_PEER_NETDEV=veth1 RAILNET_RXE_PEER_IP=10.77.0.2
 #   RAILNET_RXE_GID_INDEX=<RoCE v2 GID of 10.77.0.1> RAILNET_RXE_IB_MTU=<active_mtu bytes>
-#   RAILNET_RXE_DEVS=rxe0[,rxe1] RAILNET_RXE_IPS=10.77.0.1[,10.77.0.2]
+#   RAILNET_RXE_DEVS=rxe0[,rxe1...] RAILNET_RXE_IPS=10.77.0.1[,10.77.0.2...] (same order)
 # Its stdout/stderr stream to this script's stdout/stderr; stdin is /dev/null. Exit status:
 # COMMAND's, 124 on the host-side timeout, 125 when the rig itself failed (guest setup, boot).
 # Environment: RAILNET_RXE_TIMEOUT, RAILNET_RXE_MEM, RAILNET_RXE_SMP, RAILNET_RXE_NETDEV_MTU,
@@ -60,7 +61,7 @@ done
 [ $# -gt 0 ] || usage
 [[ "$timeout_s" =~ ^[0-9]+$ ]] && [ "$timeout_s" -gt 0 ] || die "--timeout wants a positive number of seconds"
 [[ "$netdev_mtu" =~ ^[0-9]+$ ]] || die "--netdev-mtu wants a number"
-[[ "$rxe_count" =~ ^[12]$ ]] || die "--rxe-count wants 1 or 2"
+[[ "$rxe_count" =~ ^[1-4]$ ]] || die "--rxe-count wants 1 to 4"
 cwd=$(cd "$cwd" && pwd -P) || die "no directory $cwd"
 [ "$(id -u)" -eq 0 ] || die "needs root (qemu exports the host's / over 9p)"
 
