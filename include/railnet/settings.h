@@ -29,9 +29,10 @@
     "SO_SNDBUF/SO_RCVBUF for data streams; 0 keeps the kernel's auto-tuning.")                                    \
   X(Int, tcpNotSentLowat, "RAILNET_TCP_NOTSENT_LOWAT", 0,                                                         \
     "TCP_NOTSENT_LOWAT for data streams in bytes; 0 leaves it unset.")                                            \
-  X(Int, peerTimeoutMs, "RAILNET_PEER_TIMEOUT_MS", 2000,                                                          \
-    "A peer whose socket stays silent with data unacknowledged this long (TCP_USER_TIMEOUT, keepalive) fails "    \
-    "its requests.")                                                                                              \
+  X(Int, peerTimeoutMs, "RAILNET_PEER_TIMEOUT_MS", 30000,                                                         \
+    "A peer host that answers nothing, not even TCP keepalive probes, for about this long fails its "            \
+    "connections. A live peer process never trips it, however long it is stopped or slow: its kernel answers "   \
+    "the probes (a process that dies is noticed at once by its kernel's FIN/RST). 0 turns keepalive off.")        \
   X(Int, strayTimeoutMs, "RAILNET_STRAY_TIMEOUT_MS", 10000,                                                       \
     "An accepted connection that has not sent a valid hello in this time is dropped and logged.")                 \
   X(String, transport, "RAILNET_TRANSPORT", "auto",                                                               \

@@ -7,6 +7,7 @@
 #include <sys/uio.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 
 #include "railnet/error.h"
@@ -98,13 +99,17 @@ int connectFinished(int fd, const SocketAddress& peer) {
 void configureStream(int fd, const StreamOptions& options) {
   setOption(fd, IPPROTO_TCP, TCP_NODELAY, 1, "TCP_NODELAY");
   if (options.peerTimeoutMs > 0) {
-    // Unacknowledged data or silent keepalives for this long fail the socket, so a vanished peer is noticed.
-    int seconds = options.peerTimeoutMs >= 2000 ? options.peerTimeoutMs / 1000 : 1;
-    setOption(fd, IPPROTO_TCP, TCP_USER_TIMEOUT, options.peerTimeoutMs, "TCP_USER_TIMEOUT");
+    // Keepalive only: the peer's kernel answers its probes even while the process is stopped or busy, so only
+    // a host or link that is really gone trips it (after about peerTimeoutMs of silence: idle for half of it,
+    // then kKeepaliveProbes unanswered probes over the other half). No TCP_USER_TIMEOUT: it also bounds
+    // zero-window probing and unacknowledged data, so it failed live receivers that stopped reading for longer
+    // than the timeout (docs/reliability.md, decisions D58).
+    constexpr int kKeepaliveProbes = 5;
+    const int halfSeconds = std::max(1, options.peerTimeoutMs / 2000);
     setOption(fd, SOL_SOCKET, SO_KEEPALIVE, 1, "SO_KEEPALIVE");
-    setOption(fd, IPPROTO_TCP, TCP_KEEPIDLE, seconds, "TCP_KEEPIDLE");
-    setOption(fd, IPPROTO_TCP, TCP_KEEPINTVL, 1, "TCP_KEEPINTVL");
-    setOption(fd, IPPROTO_TCP, TCP_KEEPCNT, 2, "TCP_KEEPCNT");
+    setOption(fd, IPPROTO_TCP, TCP_KEEPIDLE, halfSeconds, "TCP_KEEPIDLE");
+    setOption(fd, IPPROTO_TCP, TCP_KEEPINTVL, std::max(1, halfSeconds / kKeepaliveProbes), "TCP_KEEPINTVL");
+    setOption(fd, IPPROTO_TCP, TCP_KEEPCNT, kKeepaliveProbes, "TCP_KEEPCNT");
   }
   if (options.bufferBytes > 0) {
     setOption(fd, SOL_SOCKET, SO_SNDBUF, options.bufferBytes, "SO_SNDBUF");

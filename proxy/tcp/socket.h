@@ -51,7 +51,7 @@ int connectFinished(int fd, const SocketAddress& peer);
 struct StreamOptions {
   int bufferBytes = 0;   // SO_SNDBUF/SO_RCVBUF, 0 keeps auto-tuning
   int notSentLowat = 0;  // TCP_NOTSENT_LOWAT, 0 leaves it
-  int peerTimeoutMs = 0; // TCP_USER_TIMEOUT and keepalive
+  int peerTimeoutMs = 0; // keepalive: a silent host is declared gone after about this long
 };
 
 // TCP_NODELAY, keepalive/user timeout, and the optional buffer settings.

@@ -27,12 +27,17 @@ struct ChildOptions {
   int version = 12;
   int dev = 0;
   size_t size = 1 << 20;
+  bool report = false;  // receiver: check every message against the sender's pattern and print a line for it
 };
 
 ChildOptions parseChild(int argc, char** argv) {
   ChildOptions o;
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
+    if (arg == "--report") {
+      o.report = true;
+      continue;
+    }
     if (arg == "--child-receiver" || i + 1 >= argc) continue;
     const std::string value = argv[++i];
     if (arg == "--child-sender") {
@@ -56,9 +61,12 @@ const Deadline& forever() {
   return deadline;
 }
 
+// The pattern every child sender writes (and a reporting receiver checks): childPatternSeed().
+constexpr uint64_t kChildSeed = 7;
+
 void sendForever(NetApi& net, void* sendComm, size_t size) {
   HostBuffer buffer(size);
-  fillPattern(buffer.data(), size, 7);
+  fillPattern(buffer.data(), size, kChildSeed);
   Registration reg(net, sendComm, buffer.data(), size);
   for (;;) {
     void* request = postSend(net, sendComm, buffer.data(), size, 0, reg.handle(), forever());
@@ -66,13 +74,22 @@ void sendForever(NetApi& net, void* sendComm, size_t size) {
   }
 }
 
-void receiveForever(NetApi& net, void* recvComm, size_t size) {
+void receiveForever(NetApi& net, void* recvComm, size_t size, bool report) {
   HostBuffer buffer(size);
   Registration reg(net, recvComm, buffer.data(), size);
   for (;;) {
+    if (report) memset(buffer.data(), 0, size);
     void* request = postRecv(net, recvComm, buffer.data(), size, reg.handle(), forever());
     int received = 0;
     REQUIRE_OK(waitRequest(net, request, &received, forever()));
+    if (!report) continue;
+    const size_t bad = static_cast<size_t>(received) == size ? findMismatch(buffer.data(), size, kChildSeed) : 0;
+    if (bad == SIZE_MAX) {
+      std::printf("RECEIVED OK\n");
+    } else {
+      std::printf("RECEIVED BAD size %d, first wrong byte at %zu\n", received, bad);
+    }
+    std::fflush(stdout);
   }
 }
 
@@ -93,7 +110,7 @@ void runChild(const ChildOptions& o) {
     std::fflush(stdout);
     Comm recv = acceptLoop(*net, listener.get(), forever());
     REQUIRE_OK(listener.close());
-    receiveForever(*net, recv.get(), o.size);
+    receiveForever(*net, recv.get(), o.size, o.report);
   }
 }
 
@@ -188,9 +205,22 @@ std::vector<std::string> childSenderArgs(const std::string& handleHex, int versi
           std::to_string(version), "--dev",   std::to_string(dev), "--size",         std::to_string(size)};
 }
 
-std::vector<std::string> childReceiverArgs(int version, int dev, size_t size) {
-  return {"--child-receiver",  "--plugin", options().plugin,    "--version", std::to_string(version), "--dev",
-          std::to_string(dev), "--size",   std::to_string(size)};
+std::vector<std::string> childReceiverArgs(int version, int dev, size_t size, bool report) {
+  std::vector<std::string> args = {"--child-receiver", "--plugin", options().plugin,      "--version",
+                                   std::to_string(version), "--dev", std::to_string(dev), "--size",
+                                   std::to_string(size)};
+  if (report) args.push_back("--report");
+  return args;
+}
+
+uint64_t childPatternSeed() { return kChildSeed; }
+
+void ChildProcess::stop() {
+  if (pid_ > 0) ::kill(pid_, SIGSTOP);
+}
+
+void ChildProcess::resume() {
+  if (pid_ > 0) ::kill(pid_, SIGCONT);
 }
 
 }  // namespace conformance

@@ -1,4 +1,4 @@
-// Peer processes for the killed-peer tests: the harness re-executes itself (/proc/self/exe) as a sender or a
+// Peer processes for the killed- and stopped-peer tests: the harness re-executes itself (/proc/self/exe) as a sender or a
 // receiver that moves data until the parent kills it with SIGKILL.
 #pragma once
 
@@ -29,6 +29,9 @@ class ChildProcess {
   std::string readLine(const Deadline& deadline);
   // SIGKILL and reap.
   void kill();
+  // SIGSTOP / SIGCONT: a peer that is alive but not running (descheduled, swapped, in a debugger).
+  void stop();
+  void resume();
 
  private:
   pid_t pid_ = -1;
@@ -38,7 +41,10 @@ class ChildProcess {
 
 // The arguments for a child that connects with `handle` and sends `size`-byte messages forever.
 std::vector<std::string> childSenderArgs(const std::string& handleHex, int version, int dev, size_t size);
-// The arguments for a child that listens, prints "HANDLE <hex>", accepts and receives forever.
-std::vector<std::string> childReceiverArgs(int version, int dev, size_t size);
+// The arguments for a child that listens, prints "HANDLE <hex>", accepts and receives forever. With `report`,
+// it checks each message against childPatternSeed() and prints "RECEIVED OK" (or "RECEIVED BAD ...").
+std::vector<std::string> childReceiverArgs(int version, int dev, size_t size, bool report = false);
+// The fillPattern seed of every child sender's messages.
+uint64_t childPatternSeed();
 
 }  // namespace conformance

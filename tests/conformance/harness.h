@@ -47,6 +47,14 @@ class TestFailure : public std::runtime_error {
 
 [[noreturn]] void fail(const char* file, int line, const std::string& message);
 
+// Thrown by SKIP: the runner prints "SKIP name: reason" and counts the case neither passed nor failed.
+class TestSkipped : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+#define SKIP(reason) throw ::conformance::TestSkipped(reason)
+
 #define REQUIRE(cond, message)                                                                   \
   do {                                                                                           \
     if (!(cond)) ::conformance::fail(__FILE__, __LINE__, std::string(#cond) + ": " + (message)); \

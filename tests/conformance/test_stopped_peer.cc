@@ -1,0 +1,109 @@
+// A peer that is alive but not running (SIGSTOP: descheduled, swapped out, paused in a debugger) is slow, not
+// dead: once it runs again, every request completes with every byte intact (group "failure").
+//
+// The stop lasts 3 s, longer than the 2 s TCP_USER_TIMEOUT railnet once set: a receiver that stops reading
+// closes its TCP window, the sender's kernel probes the zero window, and TCP_USER_TIMEOUT bounds that probing,
+// so the sender's streams failed with ETIMEDOUT although the peer answered every probe. That was the
+// "control connection: Connection timed out" seen in CI (docs/reliability.md). The message is 256 MiB so
+// that it cannot fit in the sockets' buffers and the window really closes.
+#include <chrono>
+#include <cstring>
+#include <thread>
+
+#include "child.h"
+#include "comms.h"
+#include "harness.h"
+#include "transfer.h"
+
+namespace conformance {
+namespace {
+
+constexpr size_t kMessage = size_t{256} << 20;
+constexpr auto kStopped = std::chrono::seconds(3);
+
+void requireReceivedOk(ChildProcess& child, const Deadline& deadline, int message) {
+  const std::string line = child.readLine(deadline);
+  REQUIRE(line == "RECEIVED OK", strf("the stopped receiver's message %d: %s", message, line.c_str()));
+}
+
+void skipUnlessHeavy(const TestEnv& env) {
+  // The stop costs seconds and does not depend on the ABI version: one version per run carries it.
+  if (!env.heavy) SKIP("runs on the newest version only (a 3 s stop; the ABI version does not matter)");
+}
+
+}  // namespace
+
+TEST_CASE("failure", "stopped_receiver", Scope::PerVersion) {
+  skipUnlessHeavy(env);
+  NetApi& net = *env.net;
+  HostBuffer buffer(kMessage);  // outlives the comm
+  fillPattern(buffer.data(), kMessage, childPatternSeed());
+  NetContext ctx(net, nextCommId());
+  ChildProcess child(childReceiverArgs(env.version, env.dev, kMessage, /*report=*/true));
+  const std::string line = child.readLine(Deadline());
+  ConnHandle handle;
+  REQUIRE(line.rfind("HANDLE ", 0) == 0 && fromHex(line.substr(7), handle.bytes, sizeof(handle.bytes)),
+          "the child receiver printed no handle: " + line);
+  Comm send = connectLoop(net, ctx.get(), env.dev, handle, Deadline());
+  Registration reg(net, send.get(), buffer.data(), kMessage);
+
+  void* request = postSend(net, send.get(), buffer.data(), kMessage, 0, reg.handle(), Deadline());
+  REQUIRE_OK(waitRequest(net, request, nullptr, Deadline()));
+  requireReceivedOk(child, Deadline(), 1);
+
+  // isend returns a request only once the receiver's clear-to-send is here: the receiver has posted, the bytes
+  // start moving, and it stops in the middle of them.
+  request = postSend(net, send.get(), buffer.data(), kMessage, 0, reg.handle(), Deadline());
+  child.stop();
+  const auto stoppedAt = std::chrono::steady_clock::now();
+  int done = 0;
+  while (std::chrono::steady_clock::now() - stoppedAt < kStopped) {
+    // Keep driving the request the way NCCL's proxy thread does while the peer is stopped.
+    if (!done) REQUIRE_OK(net.test(request, &done, nullptr));
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  child.resume();
+  if (!done) REQUIRE_OK(waitRequest(net, request, nullptr, Deadline()));
+  requireReceivedOk(child, Deadline(), 2);
+
+  request = postSend(net, send.get(), buffer.data(), kMessage, 0, reg.handle(), Deadline());
+  REQUIRE_OK(waitRequest(net, request, nullptr, Deadline()));
+  requireReceivedOk(child, Deadline(), 3);
+}
+
+TEST_CASE("failure", "stopped_sender", Scope::PerVersion) {
+  skipUnlessHeavy(env);
+  NetApi& net = *env.net;
+  HostBuffer buffer(kMessage);  // outlives the comm
+  NetContext ctx(net, nextCommId());
+  ConnHandle handle;
+  Comm listener = listenOn(net, ctx.get(), env.dev, &handle);
+  ChildProcess child(childSenderArgs(toHex(handle.bytes, sizeof(handle.bytes)), env.version, env.dev, kMessage));
+  Comm recv = acceptLoop(net, listener.get(), Deadline());
+  REQUIRE_OK(listener.close());
+  Registration reg(net, recv.get(), buffer.data(), kMessage);
+
+  for (int message = 1; message <= 3; ++message) {
+    memset(buffer.data(), 0, kMessage);
+    void* request = postRecv(net, recv.get(), buffer.data(), kMessage, reg.handle(), Deadline());
+    int size = 0;
+    int done = 0;
+    if (message == 2) {
+      // Let the sender see the clear-to-send and start writing, then stop it mid-message.
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      child.stop();
+      const auto stoppedAt = std::chrono::steady_clock::now();
+      while (std::chrono::steady_clock::now() - stoppedAt < kStopped) {
+        if (!done) REQUIRE_OK(net.test(request, &done, &size));
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      }
+      child.resume();
+    }
+    if (!done) REQUIRE_OK(waitRequest(net, request, &size, Deadline()));
+    REQUIRE(static_cast<size_t>(size) == kMessage, strf("message %d: received %d bytes", message, size));
+    const size_t bad = findMismatch(buffer.data(), kMessage, childPatternSeed());
+    REQUIRE(bad == SIZE_MAX, strf("message %d: first wrong byte at %zu", message, bad));
+  }
+}
+
+}  // namespace conformance
