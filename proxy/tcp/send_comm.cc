@@ -3,12 +3,22 @@
 #include <algorithm>
 #include <cstring>
 
-#include "proxy/stripe_plan.h"
+#include "proxy/protocol/stripe_plan.h"
+#include "proxy/tcp/host_region.h"
 #include "railnet/error.h"
 #include "railnet/log.h"
 #include "railnet/settings.h"
 
 namespace railnet::tcp {
+
+using protocol::ClearToSendQueue;
+using protocol::FrameHeader;
+using protocol::FrameType;
+using protocol::kEndOfStream;
+using protocol::kMaxRecvs;
+using protocol::kMaxStripeLanes;
+using protocol::Stripe;
+
 namespace {
 // NCCL keeps 32 receives in flight, each of up to 8 buffers: 256 sends; twice that leaves headroom.
 constexpr size_t kSendRequests = 2 * NCCL_NET_MAX_REQUESTS * kMaxRecvs;
@@ -17,20 +27,22 @@ constexpr auto kStallWarning = std::chrono::seconds(10);
 
 ncclResult_t SendRequest::test(int* done, int* sizes) noexcept { return comm_->testRequest(this, done, sizes); }
 
-TcpSendComm::TcpSendComm(Fd control, std::vector<Fd> data, const SocketAddress& peer, LaneLayout layout)
-    : link_(std::move(control), std::move(data), peer, "send"),
+TcpSendComm::TcpSendComm(Fd control, std::vector<Fd> data, const protocol::SocketAddress& peer, NicLayout layout)
+    : control_(std::move(control), peer, "send"),
+      streams_(std::move(data)),
       requests_(kSendRequests, [this](SendRequest& request) { request.comm_ = this; }) {
   const Settings& config = settings();
   inlineBytes_ = static_cast<uint64_t>(std::max<int64_t>(config.tcpInlineBytes, 0));
   minChunkBytes_ = static_cast<uint64_t>(std::max<int64_t>(config.tcpMinChunkBytes, 4096));
-  link_.setCounters(layout);
-  link_.start(this);
-  lanes_ = std::clamp(static_cast<int>(layout.lanes.size()), 1, std::max(1, link_.streamCount()));
-  lanes_ = std::min(lanes_, kMaxStripeLanes);
+  if (!layout.nics.empty()) control_.setCounters(layout.nics[0]);
+  streams_.setCounters(layout);
+  streams_.start(this);
+  nics_ = std::clamp(static_cast<int>(layout.nics.size()), 1, std::max(1, streams_.count()));
+  nics_ = std::min(nics_, kMaxStripeLanes);
   minStripeBytes_ = layout.minStripeBytes;
 }
 
-TcpSendComm::~TcpSendComm() { link_.stop(); }
+TcpSendComm::~TcpSendComm() { streams_.stop(); }
 
 std::unique_ptr<MemoryRegion> TcpSendComm::regMr(void* data, size_t size, int type) {
   return registerHostMemory(data, size, type);
@@ -41,29 +53,29 @@ std::unique_ptr<MemoryRegion> TcpSendComm::regMrDmaBuf(void*, size_t, int, uint6
 }
 
 void TcpSendComm::pumpControl() {
-  if (!link_.flushControl()) return;
+  if (!control_.flush()) return;
   for (;;) {
-    ssize_t got = link_.readControl();
+    ssize_t got = control_.read();
     if (got == kEndOfStream) {
-      link_.recordFailure("the receiver closed the connection");
+      control_.recordFailure("the receiver closed the connection");
       return;
     }
     if (got < 0) {
-      link_.recordFailure("control connection: " + errnoText(static_cast<int>(-got)));
+      control_.recordSocketFailure("control connection", got);
       return;
     }
-    if (!parseClearToSends() || got == 0 || !link_.controlMayHaveMore()) return;
+    if (!parseClearToSends() || got == 0 || !control_.mayHaveMore()) return;
   }
 }
 
 bool TcpSendComm::parseClearToSends() {
   std::string why;
-  long used = posted_.parse(link_.controlData(), link_.controlSize(), &why);
+  long used = posted_.parse(control_.data(), control_.size(), &why);
   if (used < 0) {
-    link_.recordFailure(why);
+    control_.recordFailure(why);
     return false;
   }
-  link_.consumeControl(static_cast<size_t>(used));
+  control_.consume(static_cast<size_t>(used));
   return true;
 }
 
@@ -76,19 +88,19 @@ void TcpSendComm::warnIfStalled(int tag) {
   if (stallWarned_ || now - stalledSince_ < kStallWarning || posted_.empty()) return;
   // Receives are posted but none for this tag: a tag mismatch would otherwise wait forever without a word.
   RN_WARN("NET/railnet: send with tag %d to %s has waited %lds for a matching receive; open receive tags: %s", tag,
-          link_.peerName().c_str(), static_cast<long>(kStallWarning.count()), posted_.openTags().c_str());
+          control_.peerName().c_str(), static_cast<long>(kStallWarning.count()), posted_.openTags().c_str());
   stallWarned_ = true;
 }
 
 ncclResult_t TcpSendComm::isend(void* data, size_t size, int tag, MemoryRegion*, Request** request) noexcept {
   *request = nullptr;
   std::lock_guard<std::mutex> lock(mutex_);
-  if (link_.failed() || !link_.flushControl()) return link_.reportFailure();
+  if (control_.failed() || !control_.flush()) return control_.reportFailure();
   std::optional<ClearToSendQueue::Destination> found = posted_.claim(tag);
   if (!found) {
     // Only read the socket when what we already hold does not match: one recv() at most per call.
     pumpControl();
-    if (link_.failed()) return link_.reportFailure();
+    if (control_.failed()) return control_.reportFailure();
     found = posted_.claim(tag);
   }
   if (!found) {
@@ -104,14 +116,14 @@ ncclResult_t TcpSendComm::isend(void* data, size_t size, int tag, MemoryRegion*,
   if (size > capacity) {
     // Tell the receiver too, so both sides fail this message and nothing waits for it.
     FrameHeader oversize{static_cast<uint8_t>(FrameType::kOversize), static_cast<uint8_t>(slot), 0, recvId, size};
-    link_.sendControl(&oversize, sizeof(oversize));
+    control_.send(&oversize, sizeof(oversize));
     RN_WARN("NET/railnet: send of %zu bytes (tag %d) to %s is larger than the posted receive buffer of %lu bytes", size,
-            tag, link_.peerName().c_str(), static_cast<unsigned long>(capacity));
+            tag, control_.peerName().c_str(), static_cast<unsigned long>(capacity));
     return ncclInvalidUsage;
   }
   SendRequest* sendRequest = requests_.acquire();
   if (sendRequest == nullptr) {
-    RN_WARN("NET/railnet: more than %zu sends in flight to %s", kSendRequests, link_.peerName().c_str());
+    RN_WARN("NET/railnet: more than %zu sends in flight to %s", kSendRequests, control_.peerName().c_str());
     return ncclInternalError;
   }
   sendRequest->size_ = size;
@@ -119,10 +131,10 @@ ncclResult_t TcpSendComm::isend(void* data, size_t size, int tag, MemoryRegion*,
   if (size <= inlineBytes_) {
     // Inline: the bytes are copied into the control queue, so the send is complete at once.
     FrameHeader header{static_cast<uint8_t>(FrameType::kInline), static_cast<uint8_t>(slot), 0, recvId, size};
-    link_.sendControl(&header, sizeof(header), data, size);
-    if (NicCounters* counters = link_.controlCounters()) counters->addSent(size);
+    control_.send(&header, sizeof(header), data, size);
+    if (NicCounters* counters = control_.counters()) counters->addSent(size);
     sendRequest->pendingChunks_.store(0, std::memory_order_relaxed);
-  } else if (lanes_ > 1) {
+  } else if (nics_ > 1) {
     sendStriped(sendRequest, static_cast<const char*>(data), size, recvId, slot);
   } else {
     sendStreamed(sendRequest, static_cast<const char*>(data), size, recvId, slot);
@@ -132,8 +144,8 @@ ncclResult_t TcpSendComm::isend(void* data, size_t size, int tag, MemoryRegion*,
 }
 
 void TcpSendComm::sendStreamed(SendRequest* request, const char* data, uint64_t size, uint32_t recvId, int slot) {
-  int streams = link_.streamCount();
-  uint64_t chunk = chunkSizeFor(size, streams, minChunkBytes_);
+  int streams = streams_.count();
+  uint64_t chunk = protocol::chunkSizeFor(size, streams, minChunkBytes_);
   int chunks = static_cast<int>((size + chunk - 1) / chunk);
   request->pendingChunks_.store(chunks, std::memory_order_relaxed);
   for (int i = 0; i < chunks; ++i) {
@@ -142,7 +154,7 @@ void TcpSendComm::sendStreamed(SendRequest* request, const char* data, uint64_t 
     int best = static_cast<int>(nextStream_++ % static_cast<uint32_t>(streams));
     for (int k = 1; k < streams; ++k) {
       int candidate = (best + k) % streams;
-      if (link_.stream(candidate).queuedBytes() < link_.stream(best).queuedBytes()) best = candidate;
+      if (streams_[candidate].queuedBytes() < streams_[best].queuedBytes()) best = candidate;
     }
     SendOp op{};
     op.header.recvId = recvId;
@@ -152,40 +164,40 @@ void TcpSendComm::sendStreamed(SendRequest* request, const char* data, uint64_t 
     op.header.length = std::min(chunk, size - offset);
     op.data = data + offset;
     op.pending = &request->pendingChunks_;
-    link_.stream(best).enqueue(op);
+    streams_[best].enqueue(op);
   }
 }
 
 void TcpSendComm::sendStriped(SendRequest* request, const char* data, uint64_t size, uint32_t recvId, int slot) {
   Stripe stripes[kMaxStripeLanes];
-  const int count = planStripes(size, lanes_, stripedMessages_++, minStripeBytes_, stripes);
-  const int streams = link_.streamCount();
+  const int count = protocol::planStripes(size, nics_, stripedMessages_++, minStripeBytes_, stripes);
+  const int streams = streams_.count();
   uint64_t chunkOf[kMaxStripeLanes];
   int total = 0;
   for (int i = 0; i < count; ++i) {
-    // Streams of lane l: l, l + lanes_, l + 2 lanes_, ...
-    const int laneStreams = (streams - stripes[i].lane + lanes_ - 1) / lanes_;
-    chunkOf[i] = chunkSizeFor(stripes[i].bytes, laneStreams, minChunkBytes_);
+    // Streams of NIC l: l, l + nics_, l + 2 nics_, ...
+    const int nicStreams = (streams - stripes[i].lane + nics_ - 1) / nics_;
+    chunkOf[i] = protocol::chunkSizeFor(stripes[i].bytes, nicStreams, minChunkBytes_);
     total += static_cast<int>((stripes[i].bytes + chunkOf[i] - 1) / chunkOf[i]);
   }
   // Every chunk is counted before the first is queued: a worker may finish one at once.
   request->pendingChunks_.store(total, std::memory_order_relaxed);
   for (int i = 0; i < count; ++i) {
-    enqueueChunks(request, data, size, stripes[i].offset, stripes[i].bytes, chunkOf[i], stripes[i].lane, lanes_,
+    enqueueChunks(request, data, size, stripes[i].offset, stripes[i].bytes, chunkOf[i], stripes[i].lane, nics_,
                   recvId, slot);
   }
 }
 
 void TcpSendComm::enqueueChunks(SendRequest* request, const char* data, uint64_t size, uint64_t offset,
                                 uint64_t bytes, uint64_t chunk, int first, int step, uint32_t recvId, int slot) {
-  const int streams = link_.streamCount();
+  const int streams = streams_.count();
   const int candidates = (streams - first + step - 1) / step;
   for (uint64_t done = 0; done < bytes; done += chunk) {
     // Least-queued stream of the set first, starting from a rotating point: a slow stream gets less new work.
     int best = first + static_cast<int>(nextStream_++ % static_cast<uint32_t>(candidates)) * step;
     for (int k = 0; k < candidates; ++k) {
       const int candidate = first + k * step;
-      if (link_.stream(candidate).queuedBytes() < link_.stream(best).queuedBytes()) best = candidate;
+      if (streams_[candidate].queuedBytes() < streams_[best].queuedBytes()) best = candidate;
     }
     SendOp op{};
     op.header.recvId = recvId;
@@ -195,7 +207,7 @@ void TcpSendComm::enqueueChunks(SendRequest* request, const char* data, uint64_t
     op.header.length = std::min(chunk, bytes - done);
     op.data = data + offset + done;
     op.pending = &request->pendingChunks_;
-    link_.stream(best).enqueue(op);
+    streams_[best].enqueue(op);
   }
 }
 
@@ -210,16 +222,18 @@ ncclResult_t TcpSendComm::testRequest(SendRequest* request, int* done, int* size
   }
   // No socket reads here: chunks are written by helper threads, which notice a vanished receiver, and
   // clear-to-sends are read when isend needs one. Polling stays a pair of atomic loads.
-  return link_.failed() ? link_.reportFailure() : ncclSuccess;
+  return control_.failed() ? control_.reportFailure() : ncclSuccess;
 }
 
 char* TcpSendComm::resolveChunk(const ChunkHeader&) noexcept { return nullptr; }
 
 void TcpSendComm::chunkReceived(const ChunkHeader&) noexcept {}
 
-void TcpSendComm::streamFailed(int streamIndex, const char* why, bool) noexcept {
+void TcpSendComm::streamFailed(int streamIndex, const char* why, int err, bool) noexcept {
   // The receiver never writes on data streams: end-of-stream or an error both mean it is gone.
-  link_.recordFailure("data stream " + std::to_string(streamIndex) + ": " + why);
+  control_.recordFailure("data stream " + std::to_string(streamIndex) + ": " + why,
+                         err == 0 || protocol::isRemoteErrno(err) ? protocol::FailureKind::kRemote
+                                                                  : protocol::FailureKind::kLocal);
 }
 
 }  // namespace railnet::tcp

@@ -6,9 +6,13 @@
 
 #include <chrono>
 
-#include "proxy/tcp/clear_to_send.h"
-#include "proxy/tcp/connection.h"
-#include "proxy/tcp/request_pool.h"
+#include <mutex>
+
+#include "proxy/protocol/clear_to_send.h"
+#include "proxy/protocol/control_channel.h"
+#include "proxy/protocol/request_pool.h"
+#include "proxy/tcp/data_streams.h"
+#include "proxy/transport.h"
 
 namespace railnet::tcp {
 
@@ -27,7 +31,7 @@ class SendRequest final : public Request {
 
 class TcpSendComm final : public SendComm, private StreamOwner {
  public:
-  TcpSendComm(Fd control, std::vector<Fd> data, const SocketAddress& peer, LaneLayout layout = {});
+  TcpSendComm(Fd control, std::vector<Fd> data, const protocol::SocketAddress& peer, NicLayout layout = {});
   ~TcpSendComm() override;
 
   std::unique_ptr<MemoryRegion> regMr(void* data, size_t size, int type) override;
@@ -42,7 +46,7 @@ class TcpSendComm final : public SendComm, private StreamOwner {
   // Reads clear-to-send frames and flushes queued control bytes. Caller holds mutex_.
   void pumpControl();
   void sendStreamed(SendRequest* request, const char* data, uint64_t size, uint32_t recvId, int slot);
-  // A fused device's send: planStripes over the lanes, each stripe chunked over its lane's streams.
+  // A fused device's send: planStripes over the NICs, each stripe chunked over its NIC's streams.
   void sendStriped(SendRequest* request, const char* data, uint64_t size, uint32_t recvId, int slot);
   // Queues [offset, offset + bytes) of the message on the least-queued of streams first, first + step, ...
   void enqueueChunks(SendRequest* request, const char* data, uint64_t size, uint64_t offset, uint64_t bytes,
@@ -51,17 +55,18 @@ class TcpSendComm final : public SendComm, private StreamOwner {
 
   char* resolveChunk(const ChunkHeader& header) noexcept override;
   void chunkReceived(const ChunkHeader& header) noexcept override;
-  void streamFailed(int streamIndex, const char* why, bool endOfStream) noexcept override;
+  void streamFailed(int streamIndex, const char* why, int err, bool endOfStream) noexcept override;
 
-  Connection link_;
+  protocol::ControlChannel control_;
+  DataStreams streams_;
   uint64_t inlineBytes_;
   uint64_t minChunkBytes_;
 
   std::mutex mutex_;
-  ClearToSendQueue posted_;  // guarded by mutex_
-  RequestPool<SendRequest> requests_;  // guarded by mutex_
+  protocol::ClearToSendQueue posted_;  // guarded by mutex_
+  protocol::RequestPool<SendRequest> requests_;  // guarded by mutex_
   uint32_t nextStream_ = 0;
-  int lanes_ = 1;              // local NICs the data streams spread over (stream s: lane s % lanes_)
+  int nics_ = 1;               // local NICs the data streams spread over (stream s: NIC s % nics_)
   uint64_t minStripeBytes_ = 0;
   uint64_t stripedMessages_ = 0;  // guarded by mutex_; planStripes' round-robin sequence
   std::chrono::steady_clock::time_point stalledSince_{};

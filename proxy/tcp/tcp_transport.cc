@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "proxy/tcp/addresses.h"
-#include "proxy/tcp/connect.h"
+#include "proxy/protocol/handshake.h"
 #include "proxy/tcp/recv_comm.h"
 #include "proxy/tcp/send_comm.h"
 #include "railnet/error.h"
@@ -19,6 +19,13 @@
 
 namespace railnet::tcp {
 namespace {
+
+using protocol::ConnectOptions;
+using protocol::Handle;
+using protocol::ListenAddress;
+using protocol::LocalNic;
+using protocol::PeerInfo;
+using protocol::SocketAddress;
 
 // Loopback has no link speed. 100 Gb/s makes NCCL plan 2 channels; 400 Gb/s (closer to what lo carries)
 // makes it plan 4, which adds 43% all_reduce bandwidth at >= 64 MiB but doubles 32 KiB-512 KiB latency under
@@ -48,7 +55,7 @@ class TcpTransport final : public Transport {
                        : netif.speedMbps > 0   ? netif.speedMbps
                        : netif.loopback        ? kLoopbackSpeedMbps
                                                : kUnknownSpeedMbps;
-      info.maxRecvs = kMaxRecvs;
+      info.maxRecvs = protocol::kMaxRecvs;
       info.maxComms = 65536;
       info.maxP2pBytes = NCCL_MAX_NET_SIZE_BYTES;
       // Listed addresses are emulated rails: rail = position in the list (topo/ may assign others later).
@@ -60,7 +67,7 @@ class TcpTransport final : public Transport {
       nic.bindLocal = byAddress;
       nics_.push_back(nic);
     }
-    options_.streams = static_cast<int>(std::clamp<int64_t>(config.tcpStreams, 1, kMaxStreams));
+    options_.streams = static_cast<int>(std::clamp<int64_t>(config.tcpStreams, 1, protocol::kMaxStreams));
     options_.stream.bufferBytes = static_cast<int>(std::max<int64_t>(config.tcpSocketBufferBytes, 0));
     options_.stream.notSentLowat = static_cast<int>(std::max<int64_t>(config.tcpNotSentLowat, 0));
     options_.stream.peerTimeoutMs = static_cast<int>(std::max<int64_t>(config.peerTimeoutMs, 0));
@@ -87,20 +94,20 @@ class TcpTransport final : public Transport {
   }
 
   std::unique_ptr<ListenComm> listen(int dev, void* handle) override {
-    std::vector<LaneAddress> addresses;
+    std::vector<ListenAddress> addresses;
     ConnectOptions options = optionsFor(dev);
     {
       std::lock_guard<std::mutex> lock(mutex_);
       for (int child : childrenOf(dev)) {
         const size_t index = static_cast<size_t>(child);
-        addresses.push_back(LaneAddress{nics_[index].address, devices_[index].railId});
+        addresses.push_back(ListenAddress{nics_[index].address, devices_[index].railId});
       }
     }
-    return std::make_unique<TcpListenComm>(addresses, options, static_cast<Handle*>(handle));
+    return std::make_unique<protocol::HandshakeListener>(addresses, options, static_cast<Handle*>(handle));
   }
 
   void connect(int dev, void* handle, std::unique_ptr<SendComm>* comm) override {
-    connectStep(static_cast<Handle*>(handle), optionsFor(dev), comm);
+    protocol::connectStep(static_cast<Handle*>(handle), optionsFor(dev), comm);
   }
 
   int makeVirtualDevice(const std::vector<int>& children) override {
@@ -118,7 +125,7 @@ class TcpTransport final : public Transport {
       }
       infos.push_back(&devices_[static_cast<size_t>(child)]);
     }
-    const int most = family == AF_INET6 ? kMaxHandleLanes6 : kMaxHandleLanes4;
+    const int most = family == AF_INET6 ? protocol::kMaxHandleAddresses6 : protocol::kMaxHandleAddresses4;
     if (static_cast<int>(children.size()) > most) {
       fail(ncclInvalidUsage, "NET/railnet: a fused TCP device holds at most %d %s NICs (the handle's room); %zu asked",
            most, family == AF_INET6 ? "IPv6" : "IPv4", children.size());
@@ -147,8 +154,7 @@ class TcpTransport final : public Transport {
     return info.children.empty() ? std::vector<int>{dev} : info.children;
   }
 
-  // The connection options of a device: its NICs (lanes) with rails, and comm factories that count traffic
-  // per NIC.
+  // The connection options of a device: its NICs with rails, and comm factories that count traffic per NIC.
   ConnectOptions optionsFor(int dev) const {
     std::lock_guard<std::mutex> lock(mutex_);
     ConnectOptions options = options_;
@@ -160,32 +166,32 @@ class TcpTransport final : public Transport {
       const Nic& nic = nics_[static_cast<size_t>(child)];
       nics.emplace_back(info.name, info.railId);
       if (fused || nic.bindLocal) {
-        options.lanes.push_back(LocalLane{nic.bindLocal ? nic.address : SocketAddress{}, info.railId});
+        options.nics.push_back(LocalNic{nic.bindLocal ? nic.address : SocketAddress{}, info.railId});
       }
     }
     options.railId = nics[0].second;
     const uint64_t minStripe = minStripeBytes_;
     // One counted connection per NIC the comm uses; cross-rail when the rail at the other end differs.
     auto layoutFor = [nics, minStripe](const PeerInfo& peer, size_t dataStreams) {
-      LaneLayout layout;
+      NicLayout layout;
       layout.minStripeBytes = minStripe;
-      for (size_t lane = 0; lane < nics.size(); ++lane) {
-        NicCounters& counters = nicCounters(nics[lane].first, nics[lane].second);
-        if (lane == 0 || lane < dataStreams) {
-          const int16_t remote = lane < peer.dataRails.size() ? peer.dataRails[lane] : peer.controlRail;
-          counters.addConnection(nics[lane].second, remote);
+      for (size_t nic = 0; nic < nics.size(); ++nic) {
+        NicCounters& counters = nicCounters(nics[nic].first, nics[nic].second);
+        if (nic == 0 || nic < dataStreams) {
+          const int16_t remote = nic < peer.dataRails.size() ? peer.dataRails[nic] : peer.controlRail;
+          counters.addConnection(nics[nic].second, remote);
         }
-        layout.lanes.push_back(&counters);
+        layout.nics.push_back(&counters);
       }
       return layout;
     };
-    options.makeSendCommWithPeer = [layoutFor](Fd control, std::vector<Fd> data, const PeerInfo& peer) {
-      LaneLayout layout = layoutFor(peer, data.size());
+    options.makeSendComm = [layoutFor](Fd control, std::vector<Fd> data, const PeerInfo& peer) {
+      NicLayout layout = layoutFor(peer, data.size());
       return std::unique_ptr<SendComm>(
           new TcpSendComm(std::move(control), std::move(data), peer.peer, std::move(layout)));
     };
-    options.makeRecvCommWithPeer = [layoutFor](Fd control, std::vector<Fd> data, const PeerInfo& peer) {
-      LaneLayout layout = layoutFor(peer, data.size());
+    options.makeRecvComm = [layoutFor](Fd control, std::vector<Fd> data, const PeerInfo& peer) {
+      NicLayout layout = layoutFor(peer, data.size());
       return std::unique_ptr<RecvComm>(new TcpRecvComm(std::move(control), std::move(data), peer.peer, layout));
     };
     return options;

@@ -2,7 +2,7 @@
 // itself (one SEND instead of a WRITE followed by a SEND: one work request less per message).
 #pragma once
 
-#include "proxy/tcp/wire.h"
+#include "proxy/protocol/wire.h"
 
 namespace railnet::verbs {
 
@@ -10,11 +10,11 @@ constexpr uint32_t kEagerBytes = 224;  // notice buffers are 256 bytes
 constexpr uint8_t kPayloadFollows = 1;  // in ChunkHeader::reserved[0]
 
 struct Notice {
-  tcp::ChunkHeader header;
+  protocol::ChunkHeader header;
   char payload[kEagerBytes];
 };
 static_assert(sizeof(Notice) == 256);
 
-inline bool carriesPayload(const tcp::ChunkHeader& header) { return (header.reserved[0] & kPayloadFollows) != 0; }
+inline bool carriesPayload(const protocol::ChunkHeader& header) { return (header.reserved[0] & kPayloadFollows) != 0; }
 
 }  // namespace railnet::verbs

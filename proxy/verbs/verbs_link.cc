@@ -7,9 +7,9 @@
 
 namespace railnet::verbs {
 
-VerbsLink::VerbsLink(std::vector<std::shared_ptr<VerbsDevice>> lanes, int peerLanes, tcp::Fd control,
-                     const tcp::SocketAddress& peer, const char* direction, const QpOptions& options)
-    : lanes_(std::move(lanes)), control_(std::move(control), {}, peer, direction) {
+VerbsLink::VerbsLink(std::vector<std::shared_ptr<VerbsDevice>> lanes, int peerLanes, protocol::Fd control,
+                     const protocol::SocketAddress& peer, const char* direction, const QpOptions& options)
+    : lanes_(std::move(lanes)), control_(std::move(control), peer, direction) {
   if (lanes_.empty() || lanes_.size() > kMaxLanes) {
     fail(ncclInternalError, "NET/railnet: a verbs connection over %zu NICs", lanes_.size());
   }
@@ -26,22 +26,21 @@ VerbsLink::VerbsLink(std::vector<std::shared_ptr<VerbsDevice>> lanes, int peerLa
     path.qps = std::make_unique<QueuePairs>(lanes_[static_cast<size_t>(path.lane)], options, this);
     path.counters = &nicCounters(port.info.name, port.info.railId);
   }
-  control_.start(nullptr);
   for (int p = 0; p < pathCount; ++p) {
     QpInfo info = paths_[static_cast<size_t>(p)].qps->localInfo();
     info.path = static_cast<uint8_t>(p);
     info.paths = static_cast<uint8_t>(pathCount);
-    control_.sendControl(&info, sizeof(info));
+    control_.send(&info, sizeof(info));
   }
 }
 
 bool VerbsLink::ready() {
   if (ready_ || control_.failed()) return ready_;
-  if (!control_.flushControl()) return false;
+  if (!control_.flush()) return false;
   const size_t recordBytes = sizeof(QpInfo) * paths_.size();
-  if (control_.controlSize() < recordBytes) {
-    ssize_t got = control_.readControl();
-    if (got == tcp::kEndOfStream) {
+  if (control_.size() < recordBytes) {
+    ssize_t got = control_.read();
+    if (got == protocol::kEndOfStream) {
       control_.recordFailure("the peer closed the connection during the QP handshake");
       return false;
     }
@@ -51,20 +50,20 @@ bool VerbsLink::ready() {
     }
     // The first record tells whether the peer planned the same paths; checked before waiting for the rest,
     // so a disagreement fails at once instead of waiting for records that never come.
-    if (control_.controlSize() >= sizeof(QpInfo)) {
+    if (control_.size() >= sizeof(QpInfo)) {
       QpInfo first;
-      memcpy(&first, control_.controlData(), sizeof(first));
+      memcpy(&first, control_.data(), sizeof(first));
       if (first.magic == kQpInfoMagic && first.version == kQpInfoVersion && first.paths != paths_.size()) {
         control_.recordFailure("the peer planned " + std::to_string(first.paths) + " QP path(s), this end " +
                                std::to_string(paths_.size()) + " (NIC counts disagree)");
         return false;
       }
     }
-    if (control_.controlSize() < recordBytes) return false;
+    if (control_.size() < recordBytes) return false;
   }
   std::vector<QpInfo> remote(paths_.size());
-  memcpy(remote.data(), control_.controlData(), recordBytes);
-  control_.consumeControl(recordBytes);
+  memcpy(remote.data(), control_.data(), recordBytes);
+  control_.consume(recordBytes);
   try {
     for (size_t p = 0; p < paths_.size(); ++p) {
       if (remote[p].magic == kQpInfoMagic && (remote[p].path != p || remote[p].paths != paths_.size())) {

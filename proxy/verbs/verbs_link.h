@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "proxy/nic_counters.h"
-#include "proxy/tcp/connection.h"
+#include "proxy/protocol/control_channel.h"
 #include "proxy/verbs/queue_pairs.h"
 
 namespace railnet::verbs {
@@ -37,14 +37,14 @@ class VerbsLink final : public QpEventSink {
  public:
   // lanes: the local device's NICs (1 for a physical device); peerLanes: the peer's count from the handshake
   // (PeerInfo::nicCount). Creates the paths' QPs (INIT) and sends one QP record per path. Throws railnet::Error.
-  VerbsLink(std::vector<std::shared_ptr<VerbsDevice>> lanes, int peerLanes, tcp::Fd control,
-            const tcp::SocketAddress& peer, const char* direction, const QpOptions& options);
+  VerbsLink(std::vector<std::shared_ptr<VerbsDevice>> lanes, int peerLanes, protocol::Fd control,
+            const protocol::SocketAddress& peer, const char* direction, const QpOptions& options);
 
   // Advances the QP handshake; true once every path's QPs are at RTS. Caller holds the comm's lock. A failure
   // is recorded on control() and reported by the caller.
   bool ready();
 
-  tcp::Connection& control() { return control_; }
+  protocol::ControlChannel& control() { return control_; }
   int lanes() const { return static_cast<int>(lanes_.size()); }
   int paths() const { return static_cast<int>(paths_.size()); }
   int laneOf(int path) const { return paths_[static_cast<size_t>(path)].lane; }
@@ -92,7 +92,7 @@ class VerbsLink final : public QpEventSink {
     NicCounters* counters = nullptr;
   };
   std::vector<std::shared_ptr<VerbsDevice>> lanes_;
-  tcp::Connection control_;
+  protocol::ControlChannel control_;
   std::vector<Path> paths_;
   bool ready_ = false;
 };

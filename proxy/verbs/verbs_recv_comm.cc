@@ -10,8 +10,8 @@ namespace railnet::verbs {
 
 ncclResult_t VerbsRecvRequest::test(int* done, int* sizes) noexcept { return comm_->testRequest(this, done, sizes); }
 
-VerbsRecvComm::VerbsRecvComm(std::vector<std::shared_ptr<VerbsDevice>> lanes, int peerLanes, tcp::Fd control,
-                             const tcp::SocketAddress& peer, const QpOptions& options)
+VerbsRecvComm::VerbsRecvComm(std::vector<std::shared_ptr<VerbsDevice>> lanes, int peerLanes, protocol::Fd control,
+                             const protocol::SocketAddress& peer, const QpOptions& options)
     : link_(std::move(lanes), peerLanes, std::move(control), peer, "receive", options) {
   for (VerbsRecvRequest& entry : ring_) entry.comm_ = this;
   std::string why;
@@ -87,7 +87,7 @@ void VerbsRecvComm::completeSlot(VerbsRecvRequest& request, int slot, uint64_t s
 }
 
 void VerbsRecvComm::applyNotice(int path, const Notice& notice, uint32_t bytes) {
-  const tcp::ChunkHeader& header = notice.header;
+  const protocol::ChunkHeader& header = notice.header;
   VerbsRecvRequest& request = ring_[header.recvId % kRing];
   if (request.postedId_ != header.recvId || header.slot >= request.count_) {
     link_.control().recordFailure("protocol error: a notice for receive " + std::to_string(header.recvId) +
@@ -101,7 +101,7 @@ void VerbsRecvComm::applyNotice(int path, const Notice& notice, uint32_t bytes) 
   }
   if (carriesPayload(header)) {
     // A small message came inside its notice instead of by RDMA WRITE.
-    if (header.length > kEagerBytes || bytes != sizeof(tcp::ChunkHeader) + header.length) {
+    if (header.length > kEagerBytes || bytes != sizeof(protocol::ChunkHeader) + header.length) {
       link_.control().recordFailure("protocol error: a notice with a malformed payload");
       return;
     }
@@ -125,15 +125,15 @@ void VerbsRecvComm::pollCompletions() {
 }
 
 void VerbsRecvComm::pumpControl() {
-  tcp::Connection& control = link_.control();
-  if (controlClosed_ || !control.flushControl()) return;
+  protocol::ControlChannel& control = link_.control();
+  if (controlClosed_ || !control.flush()) return;
   for (;;) {
-    while (control.controlSize() >= sizeof(tcp::FrameHeader)) {
-      tcp::FrameHeader frame;
-      memcpy(&frame, control.controlData(), sizeof(frame));
-      control.consumeControl(sizeof(frame));
+    while (control.size() >= sizeof(protocol::FrameHeader)) {
+      protocol::FrameHeader frame;
+      memcpy(&frame, control.data(), sizeof(frame));
+      control.consume(sizeof(frame));
       VerbsRecvRequest& request = ring_[frame.recvId % kRing];
-      if (frame.type != static_cast<uint8_t>(tcp::FrameType::kOversize) || request.postedId_ != frame.recvId ||
+      if (frame.type != static_cast<uint8_t>(protocol::FrameType::kOversize) || request.postedId_ != frame.recvId ||
           frame.slot >= request.count_) {
         control.recordFailure("protocol error: unexpected control frame type " + std::to_string(frame.type));
         return;
@@ -144,9 +144,9 @@ void VerbsRecvComm::pumpControl() {
       request.oversize_ = true;
       completeSlot(request, frame.slot, 0);
     }
-    ssize_t got = control.readControl();
+    ssize_t got = control.read();
     if (got == 0) return;
-    if (got == tcp::kEndOfStream) {
+    if (got == protocol::kEndOfStream) {
       controlClosed_ = true;
       return;
     }
@@ -160,10 +160,10 @@ void VerbsRecvComm::pumpControl() {
 ncclResult_t VerbsRecvComm::irecv(int n, void** data, const size_t* sizes, const int* tags, MemoryRegion** mrs,
                                   Request** request) noexcept {
   *request = nullptr;
-  tcp::Connection& control = link_.control();
-  if (n < 1 || n > tcp::kMaxRecvs) {
+  protocol::ControlChannel& control = link_.control();
+  if (n < 1 || n > protocol::kMaxRecvs) {
     RN_WARN("NET/railnet: irecv of %d buffers from %s; railnet takes 1 to %d", n, control.peerName().c_str(),
-            tcp::kMaxRecvs);
+            protocol::kMaxRecvs);
     return ncclInvalidUsage;
   }
   std::lock_guard<std::mutex> lock(mutex_);
@@ -177,10 +177,10 @@ ncclResult_t VerbsRecvComm::irecv(int n, void** data, const size_t* sizes, const
   // Each path writes through its own lane's registration: one rkey per path, the first in the entry and the
   // others after the entries (tcp/wire.h, ClearToSendEntry).
   const int extraKeys = link_.paths() - 1;
-  tcp::FrameHeader header{static_cast<uint8_t>(tcp::FrameType::kClearToSend), static_cast<uint8_t>(n),
+  protocol::FrameHeader header{static_cast<uint8_t>(protocol::FrameType::kClearToSend), static_cast<uint8_t>(n),
                           static_cast<uint16_t>(extraKeys), nextRecvId_, 0};
-  tcp::ClearToSendEntry entries[tcp::kMaxRecvs]{};
-  uint32_t keys[tcp::kMaxRecvs * (kMaxPaths - 1)]{};
+  protocol::ClearToSendEntry entries[protocol::kMaxRecvs]{};
+  uint32_t keys[protocol::kMaxRecvs * (kMaxPaths - 1)]{};
   for (int i = 0; i < n; ++i) {
     auto* region = mrs != nullptr ? dynamic_cast<LinkRegion*>(mrs[i]) : nullptr;
     if (region == nullptr && sizes[i] > 0) {
@@ -204,9 +204,9 @@ ncclResult_t VerbsRecvComm::irecv(int n, void** data, const size_t* sizes, const
   entry.inUse_ = true;
   entry.postedId_ = nextRecvId_++;
   char frame[kClearToSendBytes];
-  const size_t entryBytes = sizeof(tcp::ClearToSendEntry) * static_cast<size_t>(n);
+  const size_t entryBytes = sizeof(protocol::ClearToSendEntry) * static_cast<size_t>(n);
   const size_t keyBytes = sizeof(uint32_t) * static_cast<size_t>(n * extraKeys);
-  static_assert(sizeof(tcp::FrameHeader) + sizeof(entries) + sizeof(keys) <= kClearToSendBytes);
+  static_assert(sizeof(protocol::FrameHeader) + sizeof(entries) + sizeof(keys) <= kClearToSendBytes);
   memcpy(frame, &header, sizeof(header));
   memcpy(frame + sizeof(header), entries, entryBytes);
   memcpy(frame + sizeof(header) + entryBytes, keys, keyBytes);
@@ -222,10 +222,10 @@ ncclResult_t VerbsRecvComm::irecv(int n, void** data, const size_t* sizes, const
 ncclResult_t VerbsRecvComm::iflush(int n, void** data, const int* sizes, MemoryRegion** mrs,
                                    Request** request) noexcept {
   *request = nullptr;
-  tcp::Connection& control = link_.control();
-  if (n < 1 || n > tcp::kMaxRecvs || data == nullptr || sizes == nullptr) {
+  protocol::ControlChannel& control = link_.control();
+  if (n < 1 || n > protocol::kMaxRecvs || data == nullptr || sizes == nullptr) {
     RN_WARN("NET/railnet: iflush of %d buffers from %s; railnet takes 1 to %d", n, control.peerName().c_str(),
-            tcp::kMaxRecvs);
+            protocol::kMaxRecvs);
     return ncclInvalidUsage;
   }
   if (flushMode_ == FlushMode::kNever) return ncclSuccess;
@@ -336,7 +336,7 @@ ncclResult_t VerbsRecvComm::testFlush(VerbsFlushRequest* request, int* done) noe
 ncclResult_t VerbsRecvComm::testRequest(VerbsRecvRequest* request, int* done, int* sizes) noexcept {
   *done = 0;
   std::lock_guard<std::mutex> lock(mutex_);
-  tcp::Connection& control = link_.control();
+  protocol::ControlChannel& control = link_.control();
   pollCompletions();
   if (request->pendingSlots_ != 0) {
     pumpControl();

@@ -6,7 +6,7 @@
 #include <mutex>
 #include <vector>
 
-#include "proxy/tcp/wire.h"
+#include "proxy/protocol/wire.h"
 #include "proxy/verbs/flush.h"
 #include "proxy/verbs/notice.h"
 #include "proxy/verbs/verbs_link.h"
@@ -32,7 +32,7 @@ class VerbsRecvRequest final : public Request {
   VerbsRecvComm* comm_ = nullptr;
   uint32_t postedId_ = UINT32_MAX;
   int count_ = 0;
-  Slot slots_[tcp::kMaxRecvs];
+  Slot slots_[protocol::kMaxRecvs];
   int pendingSlots_ = 0;
   bool oversize_ = false;
   bool inUse_ = false;
@@ -55,8 +55,8 @@ class VerbsFlushRequest final : public Request {
 class VerbsRecvComm final : public RecvComm {
  public:
   // lanes: the device's NICs (one unless fused); peerLanes: the sender's (PeerInfo::nicCount).
-  VerbsRecvComm(std::vector<std::shared_ptr<VerbsDevice>> lanes, int peerLanes, tcp::Fd control,
-                const tcp::SocketAddress& peer, const QpOptions& options);
+  VerbsRecvComm(std::vector<std::shared_ptr<VerbsDevice>> lanes, int peerLanes, protocol::Fd control,
+                const protocol::SocketAddress& peer, const QpOptions& options);
 
   std::unique_ptr<MemoryRegion> regMr(void* data, size_t size, int type) override;
   std::unique_ptr<MemoryRegion> regMrDmaBuf(void* data, size_t size, int type, uint64_t offset, int fd) override;
@@ -71,7 +71,7 @@ class VerbsRecvComm final : public RecvComm {
   void pollFlush();  // caller holds mutex_
   static constexpr uint32_t kRing = 2 * NCCL_NET_MAX_REQUESTS;
   // Chunk-header buffers posted per QP: at most 32 receives x 8 buffers of notices can be outstanding.
-  static constexpr int kNoticesPerQp = NCCL_NET_MAX_REQUESTS * tcp::kMaxRecvs;
+  static constexpr int kNoticesPerQp = NCCL_NET_MAX_REQUESTS * protocol::kMaxRecvs;
 
   ncclResult_t testRequest(VerbsRecvRequest* request, int* done, int* sizes) noexcept;
   void postNotice(int path, int qpIndex, int bufferIndex);

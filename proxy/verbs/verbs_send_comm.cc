@@ -2,13 +2,13 @@
 
 #include <algorithm>
 
-#include "proxy/stripe_plan.h"
+#include "proxy/protocol/stripe_plan.h"
 #include "railnet/error.h"
 #include "railnet/log.h"
 
 namespace railnet::verbs {
 namespace {
-constexpr size_t kSendRequests = 2 * NCCL_NET_MAX_REQUESTS * tcp::kMaxRecvs;
+constexpr size_t kSendRequests = 2 * NCCL_NET_MAX_REQUESTS * protocol::kMaxRecvs;
 // Stripes are 128-byte aligned (LL128 lines) and at least this long, so small messages use one QP.
 constexpr uint64_t kMinStripe = 64 * 1024;
 constexpr uint64_t kStripeAlign = 128;
@@ -16,14 +16,14 @@ constexpr uint64_t kStripeAlign = 128;
 
 ncclResult_t VerbsSendRequest::test(int* done, int* sizes) noexcept { return comm_->testRequest(this, done, sizes); }
 
-VerbsSendComm::VerbsSendComm(std::vector<std::shared_ptr<VerbsDevice>> lanes, int peerLanes, tcp::Fd control,
-                             const tcp::SocketAddress& peer, const QpOptions& options, uint64_t minStripeBytes)
+VerbsSendComm::VerbsSendComm(std::vector<std::shared_ptr<VerbsDevice>> lanes, int peerLanes, protocol::Fd control,
+                             const protocol::SocketAddress& peer, const QpOptions& options, uint64_t minStripeBytes)
     : link_(std::move(lanes), peerLanes, std::move(control), peer, "send", options),
       requests_(kSendRequests, [this](VerbsSendRequest& request) { request.comm_ = this; }),
       minStripeBytes_(minStripeBytes) {
   eagerHeaders_.resize(kSendRequests);
   for (int i = static_cast<int>(kSendRequests) - 1; i >= 0; --i) freeEagerSlots_.push_back(i);
-  eagerRegion_ = link_.registerMemory(eagerHeaders_.data(), eagerHeaders_.size() * sizeof(tcp::ChunkHeader),
+  eagerRegion_ = link_.registerMemory(eagerHeaders_.data(), eagerHeaders_.size() * sizeof(protocol::ChunkHeader),
                                       NCCL_PTR_HOST);
   ctsBuffers_.resize(kClearToSendBuffers * kClearToSendBytes);
   ctsRegion_ = link_.registerMemory(ctsBuffers_.data(), ctsBuffers_.size(), NCCL_PTR_HOST);
@@ -54,14 +54,14 @@ std::unique_ptr<MemoryRegion> VerbsSendComm::regMrDmaBuf(void* data, size_t size
 }
 
 void VerbsSendComm::pumpControl() {
-  tcp::Connection& control = link_.control();
-  if (!control.flushControl()) return;
-  ssize_t got = control.readControl();
-  if (got == tcp::kEndOfStream) {
+  protocol::ControlChannel& control = link_.control();
+  if (!control.flush()) return;
+  ssize_t got = control.read();
+  if (got == protocol::kEndOfStream) {
     control.recordFailure("the receiver closed the connection");
   } else if (got < 0) {
     control.recordFailure("control connection: " + errnoText(static_cast<int>(-got)));
-  } else if (control.controlSize() > 0) {
+  } else if (control.size() > 0) {
     control.recordFailure("protocol error: unexpected bytes on the control connection");
   }
 }
@@ -90,11 +90,11 @@ void VerbsSendComm::pollCompletions() {
 }
 
 bool VerbsSendComm::postEager(VerbsSendRequest* request, int path, const char* data, const LinkRegion* region,
-                              uint64_t size, const tcp::ClearToSendQueue::Destination& destination) {
+                              uint64_t size, const protocol::ClearToSendQueue::Destination& destination) {
   const int lane = link_.laneOf(path);
   int slot = freeEagerSlots_.back();
   freeEagerSlots_.pop_back();
-  tcp::ChunkHeader& header = eagerHeaders_[static_cast<size_t>(slot)];
+  protocol::ChunkHeader& header = eagerHeaders_[static_cast<size_t>(slot)];
   header = {};
   header.recvId = destination.recvId;
   header.slot = static_cast<uint8_t>(destination.slot);
@@ -126,7 +126,7 @@ bool VerbsSendComm::postEager(VerbsSendRequest* request, int path, const char* d
 
 bool VerbsSendComm::postStripes(VerbsSendRequest* request, int path, const char* data, const LinkRegion* region,
                                 uint64_t size, uint64_t offset, uint64_t length,
-                                const tcp::ClearToSendQueue::Destination& destination) {
+                                const protocol::ClearToSendQueue::Destination& destination) {
   QueuePairs& qps = link_.qps(path);
   const int qpCount = qps.count();
   const uint32_t lkey = region != nullptr ? region->lane(link_.laneOf(path)).lkey() : 0;
@@ -141,7 +141,7 @@ bool VerbsSendComm::postStripes(VerbsSendRequest* request, int path, const char*
     ibv_qp* qp = qps.qp(static_cast<int>(nextQp_[path]++ % static_cast<uint32_t>(qpCount)));
     // The payload goes straight into the receiver's buffer; the SEND after it on the same QP arrives after it
     // (RC ordering) and tells the receiver how many bytes landed where.
-    tcp::ChunkHeader header{};
+    protocol::ChunkHeader header{};
     header.recvId = destination.recvId;
     header.slot = static_cast<uint8_t>(destination.slot);
     header.messageSize = size;
@@ -176,10 +176,10 @@ bool VerbsSendComm::postStripes(VerbsSendRequest* request, int path, const char*
 ncclResult_t VerbsSendComm::isend(void* data, size_t size, int tag, MemoryRegion* mr, Request** request) noexcept {
   *request = nullptr;
   std::lock_guard<std::mutex> lock(mutex_);
-  tcp::Connection& control = link_.control();
+  protocol::ControlChannel& control = link_.control();
   if (control.failed() || !link_.ready()) return control.failed() ? control.reportFailure() : ncclSuccess;
   pollCompletions();
-  std::optional<tcp::ClearToSendQueue::Destination> found = posted_.claim(tag);
+  std::optional<protocol::ClearToSendQueue::Destination> found = posted_.claim(tag);
   if (!found) {
     // Clear-to-sends come by RDMA; the control socket only says whether the receiver is still there.
     pumpControl();
@@ -187,9 +187,9 @@ ncclResult_t VerbsSendComm::isend(void* data, size_t size, int tag, MemoryRegion
     return ncclSuccess;
   }
   if (size > found->capacity) {
-    tcp::FrameHeader oversize{static_cast<uint8_t>(tcp::FrameType::kOversize), static_cast<uint8_t>(found->slot), 0,
+    protocol::FrameHeader oversize{static_cast<uint8_t>(protocol::FrameType::kOversize), static_cast<uint8_t>(found->slot), 0,
                               found->recvId, size};
-    control.sendControl(&oversize, sizeof(oversize));
+    control.send(&oversize, sizeof(oversize));
     RN_WARN("NET/railnet: send of %zu bytes (tag %d) to %s is larger than the posted receive buffer of %lu bytes", size,
             tag, control.peerName().c_str(), static_cast<unsigned long>(found->capacity));
     return ncclInvalidUsage;
@@ -216,8 +216,8 @@ ncclResult_t VerbsSendComm::isend(void* data, size_t size, int tag, MemoryRegion
   const char* bytes = static_cast<const char*>(data);
   // The fusion scheduler (proxy/stripe_plan.h) spreads the message over the paths; with one path it is one
   // stripe, which the path's QPs split further.
-  Stripe stripes[kMaxStripeLanes];
-  const int count = planStripes(size, link_.paths(), messages_++, minStripeBytes_, stripes);
+  protocol::Stripe stripes[protocol::kMaxStripeLanes];
+  const int count = protocol::planStripes(size, link_.paths(), messages_++, minStripeBytes_, stripes);
   bool posted = true;
   if (size > 0 && size <= kEagerBytes && !freeEagerSlots_.empty()) {
     posted = postEager(sendRequest, stripes[0].lane, bytes, region, size, *found);

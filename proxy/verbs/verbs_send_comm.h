@@ -7,8 +7,8 @@
 #include <mutex>
 #include <vector>
 
-#include "proxy/tcp/clear_to_send.h"
-#include "proxy/tcp/request_pool.h"
+#include "proxy/protocol/clear_to_send.h"
+#include "proxy/protocol/request_pool.h"
 #include "proxy/verbs/notice.h"
 #include "proxy/verbs/verbs_link.h"
 
@@ -33,8 +33,8 @@ class VerbsSendComm final : public SendComm {
  public:
   // lanes: the device's NICs (one unless fused); peerLanes: the receiver's (PeerInfo::nicCount);
   // minStripeBytes: the fusion scheduler's threshold (RAILNET_FUSION_MIN_STRIPE_BYTES).
-  VerbsSendComm(std::vector<std::shared_ptr<VerbsDevice>> lanes, int peerLanes, tcp::Fd control,
-                const tcp::SocketAddress& peer, const QpOptions& options, uint64_t minStripeBytes);
+  VerbsSendComm(std::vector<std::shared_ptr<VerbsDevice>> lanes, int peerLanes, protocol::Fd control,
+                const protocol::SocketAddress& peer, const QpOptions& options, uint64_t minStripeBytes);
 
   std::unique_ptr<MemoryRegion> regMr(void* data, size_t size, int type) override;
   std::unique_ptr<MemoryRegion> regMrDmaBuf(void* data, size_t size, int type, uint64_t offset, int fd) override;
@@ -50,10 +50,10 @@ class VerbsSendComm final : public SendComm {
   // Bytes [offset, offset + length) of a message of `size` on one path: RDMA WRITEs spread over the path's
   // QPs, each followed by its notice SEND.
   bool postStripes(VerbsSendRequest* request, int path, const char* data, const LinkRegion* region, uint64_t size,
-                   uint64_t offset, uint64_t length, const tcp::ClearToSendQueue::Destination& destination);
+                   uint64_t offset, uint64_t length, const protocol::ClearToSendQueue::Destination& destination);
   // A message of at most kEagerBytes as one SEND: header from a registered slot, payload from the user buffer.
   bool postEager(VerbsSendRequest* request, int path, const char* data, const LinkRegion* region, uint64_t size,
-                 const tcp::ClearToSendQueue::Destination& destination);
+                 const protocol::ClearToSendQueue::Destination& destination);
 
   // Clear-to-send frames arrive by RDMA SEND on QP 0 into these buffers (kept alive past the QPs).
   static constexpr int kClearToSendBuffers = 2 * NCCL_NET_MAX_REQUESTS;
@@ -61,14 +61,14 @@ class VerbsSendComm final : public SendComm {
   void postClearToSendBuffer(size_t index);
 
   std::mutex mutex_;
-  std::vector<tcp::ChunkHeader> eagerHeaders_;  // one per send request that may be in flight
+  std::vector<protocol::ChunkHeader> eagerHeaders_;  // one per send request that may be in flight
   std::vector<int> freeEagerSlots_;             // guarded by mutex_
   std::vector<char> ctsBuffers_;
   std::unique_ptr<LinkRegion> ctsRegion_;
   std::unique_ptr<LinkRegion> eagerRegion_;
   VerbsLink link_;
-  tcp::ClearToSendQueue posted_;                      // guarded by mutex_
-  tcp::RequestPool<VerbsSendRequest> requests_;       // guarded by mutex_
+  protocol::ClearToSendQueue posted_;                      // guarded by mutex_
+  protocol::RequestPool<VerbsSendRequest> requests_;       // guarded by mutex_
   uint64_t minStripeBytes_;
   uint64_t messages_ = 0;                             // guarded by mutex_; rotates the first path of each message
   uint32_t nextQp_[kMaxPaths] = {};                   // guarded by mutex_; per path

@@ -8,7 +8,7 @@
 #include <deque>
 #include <mutex>
 
-#include "proxy/tcp/connect.h"
+#include "proxy/protocol/handshake.h"
 #include "proxy/verbs/verbs_recv_comm.h"
 #include "proxy/verbs/verbs_send_comm.h"
 #include "railnet/error.h"
@@ -20,8 +20,8 @@ namespace {
 
 // Where a port's connections meet out of band: the IPv4 address inside its RoCE v2 GID when it has one
 // (the RDMA port's own IP), else the first interface RAILNET_IFNAME selects (InfiniBand without IPoIB).
-tcp::SocketAddress rendezvousAddress(const VerbsPort& port) {
-  tcp::SocketAddress address;
+protocol::SocketAddress rendezvousAddress(const VerbsPort& port) {
+  protocol::SocketAddress address;
   if (port.gidIndex >= 0 && gidIsIpv4Mapped(port.gid)) {
     sockaddr_in in{};
     in.sin_family = AF_INET;
@@ -107,12 +107,12 @@ class VerbsTransport final : public Transport {
 
   std::unique_ptr<ListenComm> listen(int dev, void* handle) override {
     std::vector<size_t> lanes = lanesOf(dev);
-    return std::make_unique<tcp::TcpListenComm>(rendezvousAddress(ports_[lanes[0]]), optionsFor(lanes),
-                                                static_cast<tcp::Handle*>(handle));
+    return std::make_unique<protocol::HandshakeListener>(rendezvousAddress(ports_[lanes[0]]), optionsFor(lanes),
+                                                static_cast<protocol::Handle*>(handle));
   }
 
   void connect(int dev, void* handle, std::unique_ptr<SendComm>* comm) override {
-    tcp::connectStep(static_cast<tcp::Handle*>(handle), optionsFor(lanesOf(dev)), comm);
+    protocol::connectStep(static_cast<protocol::Handle*>(handle), optionsFor(lanesOf(dev)), comm);
   }
 
  private:
@@ -150,8 +150,8 @@ class VerbsTransport final : public Transport {
     return devices;
   }
 
-  tcp::ConnectOptions optionsFor(const std::vector<size_t>& lanes) {
-    tcp::ConnectOptions options = connectOptions_;
+  protocol::ConnectOptions optionsFor(const std::vector<size_t>& lanes) {
+    protocol::ConnectOptions options = connectOptions_;
     {
       std::lock_guard<std::mutex> lock(mutex_);
       options.railId = ports_[lanes[0]].info.railId;
@@ -159,13 +159,13 @@ class VerbsTransport final : public Transport {
     options.nicCount = static_cast<uint16_t>(lanes.size());
     QpOptions qp = qpOptions_;
     uint64_t minStripe = minStripeBytes_;
-    options.makeSendCommWithPeer = [this, lanes, qp, minStripe](tcp::Fd control, std::vector<tcp::Fd>,
-                                                                 const tcp::PeerInfo& peer) {
+    options.makeSendComm = [this, lanes, qp, minStripe](protocol::Fd control, std::vector<protocol::Fd>,
+                                                                 const protocol::PeerInfo& peer) {
       return std::unique_ptr<SendComm>(
           new VerbsSendComm(openPorts(lanes), peer.nicCount, std::move(control), peer.peer, qp, minStripe));
     };
-    options.makeRecvCommWithPeer = [this, lanes, qp](tcp::Fd control, std::vector<tcp::Fd>,
-                                                      const tcp::PeerInfo& peer) {
+    options.makeRecvComm = [this, lanes, qp](protocol::Fd control, std::vector<protocol::Fd>,
+                                                      const protocol::PeerInfo& peer) {
       return std::unique_ptr<RecvComm>(
           new VerbsRecvComm(openPorts(lanes), peer.nicCount, std::move(control), peer.peer, qp));
     };
@@ -176,7 +176,7 @@ class VerbsTransport final : public Transport {
   std::vector<VerbsPort> ports_;  // physical devices; their info is guarded by mutex_ (place)
   std::deque<DeviceInfo> fused_;  // guarded by mutex_; a deque keeps references handed out valid
   QpOptions qpOptions_;
-  tcp::ConnectOptions connectOptions_;
+  protocol::ConnectOptions connectOptions_;
   uint64_t minStripeBytes_ = 0;
   mutable std::mutex mutex_;
   std::vector<std::weak_ptr<VerbsDevice>> devices_;  // guarded by mutex_

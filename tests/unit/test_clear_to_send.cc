@@ -3,12 +3,12 @@
 #include <cstring>
 #include <vector>
 
-#include "proxy/tcp/clear_to_send.h"
+#include "proxy/protocol/clear_to_send.h"
 
-using railnet::tcp::ClearToSendEntry;
-using railnet::tcp::ClearToSendQueue;
-using railnet::tcp::FrameHeader;
-using railnet::tcp::FrameType;
+using railnet::protocol::ClearToSendEntry;
+using railnet::protocol::ClearToSendQueue;
+using railnet::protocol::FrameHeader;
+using railnet::protocol::FrameType;
 
 namespace {
 // Appends one clear-to-send frame as a receiver would write it.
@@ -142,7 +142,7 @@ TEST_CASE("a fused verbs receiver's frame carries one rkey per path for each buf
   CHECK(second->address == 0x20000);
 
   // A frame claiming more keys per buffer than paths can exist is refused.
-  FrameHeader bad{static_cast<uint8_t>(FrameType::kClearToSend), 1, railnet::tcp::kMaxKeysPerBuffer, 8, 0};
+  FrameHeader bad{static_cast<uint8_t>(FrameType::kClearToSend), 1, railnet::protocol::kMaxKeysPerBuffer, 8, 0};
   ClearToSendQueue other;
   CHECK(other.parse(reinterpret_cast<const char*>(&bad), sizeof(bad), &why) == -1);
   CHECK(why.find("keys per buffer") != std::string::npos);

@@ -2,7 +2,7 @@
 
 #include <set>
 
-#include "proxy/tcp/request_pool.h"
+#include "proxy/protocol/request_pool.h"
 
 namespace {
 struct FakeRequest {
@@ -11,7 +11,7 @@ struct FakeRequest {
 }  // namespace
 
 TEST_CASE("the pool hands out every request once, then nothing, and takes them back", "[pool]") {
-  railnet::tcp::RequestPool<FakeRequest> pool(4, [](FakeRequest& request) { request.owner = 42; });
+  railnet::protocol::RequestPool<FakeRequest> pool(4, [](FakeRequest& request) { request.owner = 42; });
   CHECK(pool.capacity() == 4);
   std::set<FakeRequest*> taken;
   for (int i = 0; i < 4; ++i) {
@@ -30,7 +30,7 @@ TEST_CASE("the pool hands out every request once, then nothing, and takes them b
 }
 
 TEST_CASE("a send pool covers NCCL's 32 receives of 8 buffers", "[pool]") {
-  railnet::tcp::RequestPool<FakeRequest> pool(2 * 32 * 8, [](FakeRequest&) {});
+  railnet::protocol::RequestPool<FakeRequest> pool(2 * 32 * 8, [](FakeRequest&) {});
   for (int i = 0; i < 32 * 8; ++i) REQUIRE(pool.acquire() != nullptr);
   CHECK(pool.available() == 32 * 8);
 }

@@ -9,16 +9,16 @@
 #include <set>
 #include <vector>
 
-#include "proxy/stripe_plan.h"
+#include "proxy/protocol/stripe_plan.h"
 #include "proxy/tcp/addresses.h"
-#include "proxy/tcp/wire.h"
+#include "proxy/protocol/wire.h"
 #include "proxy/transport.h"
 #include "railnet/error.h"
 
-using railnet::kMaxStripeLanes;
-using railnet::kStripeAlignment;
-using railnet::planStripes;
-using railnet::Stripe;
+using railnet::protocol::kMaxStripeLanes;
+using railnet::protocol::kStripeAlignment;
+using railnet::protocol::planStripes;
+using railnet::protocol::Stripe;
 
 namespace {
 
@@ -137,10 +137,10 @@ TEST_CASE("planStripes covers every size exactly (sweep)", "[stripe]") {
 }
 
 TEST_CASE("a fused handle carries every listening address and rail", "[fusion]") {
-  using namespace railnet::tcp;
-  std::vector<LaneAddress> lanes;
-  for (int i = 0; i < kMaxHandleLanes4; ++i) {
-    LaneAddress lane;
+  using namespace railnet::protocol;
+  std::vector<ListenAddress> lanes;
+  for (int i = 0; i < kMaxHandleAddresses4; ++i) {
+    ListenAddress lane;
     auto* in4 = reinterpret_cast<sockaddr_in*>(&lane.address.storage);
     in4->sin_family = AF_INET;
     in4->sin_port = htons(static_cast<uint16_t>(40000 + i));
@@ -152,8 +152,8 @@ TEST_CASE("a fused handle carries every listening address and rail", "[fusion]")
   Handle handle{};
   handle.magic = kHandleMagic;
   handle.version = kWireVersion;
-  writeHandleLanes(&handle, lanes);
-  std::vector<LaneAddress> back = handleLanes(handle);
+  writeHandleAddresses(&handle, lanes);
+  std::vector<ListenAddress> back = handleAddresses(handle);
   REQUIRE(back.size() == lanes.size());
   for (size_t i = 0; i < lanes.size(); ++i) {
     CHECK(back[i].address.toString() == lanes[i].address.toString());
@@ -161,25 +161,25 @@ TEST_CASE("a fused handle carries every listening address and rail", "[fusion]")
   }
   // One more than fits is refused with a clear error, not truncated.
   lanes.push_back(lanes.back());
-  CHECK_THROWS_AS(writeHandleLanes(&handle, lanes), railnet::Error);
+  CHECK_THROWS_AS(writeHandleAddresses(&handle, lanes), railnet::Error);
   // A handle from a physical device (laneCount 0) decodes as one address.
   Handle single{};
   single.magic = kHandleMagic;
   single.version = kWireVersion;
   memcpy(single.address, &lanes[0].address.storage, sizeof(sockaddr_in));
   single.railId = -1;
-  REQUIRE(handleLanes(single).size() == 1);
-  CHECK(handleLanes(single)[0].address.toString() == lanes[0].address.toString());
+  REQUIRE(handleAddresses(single).size() == 1);
+  CHECK(handleAddresses(single)[0].address.toString() == lanes[0].address.toString());
   // A lane count beyond the room is a corrupt handle.
-  single.laneCount = 200;
-  CHECK_THROWS_AS(handleLanes(single), railnet::Error);
+  single.addressCount = 200;
+  CHECK_THROWS_AS(handleAddresses(single), railnet::Error);
 }
 
 TEST_CASE("an IPv6 fused handle holds four addresses", "[fusion]") {
-  using namespace railnet::tcp;
-  std::vector<LaneAddress> lanes;
-  for (int i = 0; i < kMaxHandleLanes6; ++i) {
-    LaneAddress lane;
+  using namespace railnet::protocol;
+  std::vector<ListenAddress> lanes;
+  for (int i = 0; i < kMaxHandleAddresses6; ++i) {
+    ListenAddress lane;
     auto* in6 = reinterpret_cast<sockaddr_in6*>(&lane.address.storage);
     in6->sin6_family = AF_INET6;
     in6->sin6_port = htons(static_cast<uint16_t>(50000 + i));
@@ -192,12 +192,12 @@ TEST_CASE("an IPv6 fused handle holds four addresses", "[fusion]") {
   Handle handle{};
   handle.magic = kHandleMagic;
   handle.version = kWireVersion;
-  writeHandleLanes(&handle, lanes);
-  auto back = handleLanes(handle);
+  writeHandleAddresses(&handle, lanes);
+  auto back = handleAddresses(handle);
   REQUIRE(back.size() == 4);
   for (size_t i = 0; i < 4; ++i) CHECK(back[i].address.toString() == lanes[i].address.toString());
   lanes.push_back(lanes.back());
-  CHECK_THROWS_AS(writeHandleLanes(&handle, lanes), railnet::Error);
+  CHECK_THROWS_AS(writeHandleAddresses(&handle, lanes), railnet::Error);
 }
 
 TEST_CASE("fusedDeviceInfo names, sums and intersects its children", "[fusion]") {

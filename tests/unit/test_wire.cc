@@ -1,8 +1,8 @@
 #include <catch2/catch.hpp>
 
-#include "proxy/tcp/wire.h"
+#include "proxy/protocol/wire.h"
 
-using namespace railnet::tcp;
+using namespace railnet::protocol;
 
 namespace {
 Hello validHello(const uint64_t secret[2]) {

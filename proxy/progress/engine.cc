@@ -1,8 +1,7 @@
-#include "proxy/tcp/engine.h"
+#include "proxy/progress/engine.h"
 
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
-#include <sys/uio.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -10,22 +9,27 @@
 #include <ctime>
 #include <condition_variable>
 #include <cstring>
+#include <mutex>
 #include <thread>
 
+#include "proxy/nic_counters.h"
+#include "proxy/protocol/socket.h"
 #include "railnet/error.h"
 #include "railnet/log.h"
 #include "railnet/settings.h"
 
-namespace railnet::tcp {
+namespace railnet::progress {
+
+using protocol::Fd;
 
 class Worker {
  public:
   Worker(int id, int spinUs);
   ~Worker();
   void stop();
-  void add(Stream* stream);
-  void remove(Stream* stream);
-  // A stream of this worker has new data to send.
+  void add(EventSource* source);
+  void remove(EventSource* source);
+  // A source of this worker has new work (data to send).
   void notify();
   // Valid once the worker has stopped (the destructor joined it).
   uint64_t bytesMoved() const { return bytesMoved_; }
@@ -48,140 +52,15 @@ class Worker {
 
   std::mutex mutex_;
   std::condition_variable removed_;
-  std::vector<Stream*> toAdd_;     // guarded by mutex_
-  std::vector<Stream*> toRemove_;  // guarded by mutex_
+  std::vector<EventSource*> toAdd_;     // guarded by mutex_
+  std::vector<EventSource*> toRemove_;  // guarded by mutex_
   uint64_t removalsDone_ = 0;      // guarded by mutex_
   uint64_t removalsAsked_ = 0;     // guarded by mutex_
 
-  std::vector<Stream*> streams_;  // worker thread only
+  std::vector<EventSource*> sources_;  // worker thread only
   uint64_t bytesMoved_ = 0;       // worker thread only until joined
   double cpuSeconds_ = 0;         // written by the worker as it exits
 };
-
-// ---- Stream -------------------------------------------------------------------------------------------------
-
-Stream::Stream(Fd fd, StreamOwner* owner, int index, NicCounters* counters)
-    : fd_(std::move(fd)), owner_(owner), index_(index), counters_(counters) {}
-
-void Stream::enqueue(const SendOp& op) {
-  {
-    std::lock_guard<std::mutex> lock(queueMutex_);
-    queue_.push_back(op);
-  }
-  queuedBytes_.fetch_add(op.header.length, std::memory_order_relaxed);
-  worker_->notify();
-}
-
-void Stream::failWith(const char* why, bool endOfStream) {
-  if (!dead_.exchange(true)) owner_->streamFailed(index_, why, endOfStream);
-}
-
-uint64_t Stream::progress() {
-  if (dead_.load(std::memory_order_relaxed)) return 0;
-  uint64_t moved = progressReceive();
-  if (!dead_.load(std::memory_order_relaxed)) moved += progressSend();
-  return moved;
-}
-
-uint64_t Stream::progressSend() {
-  uint64_t moved = 0;
-  while (writable_) {
-    if (sending_.empty()) {
-      std::lock_guard<std::mutex> lock(queueMutex_);
-      if (queue_.empty()) break;
-      sending_.swap(queue_);
-    }
-    // Gather the head of the queue into one sendmsg: fewer syscalls for runs of chunks.
-    constexpr int kMaxIov = 16;
-    iovec iov[kMaxIov];
-    int count = 0;
-    uint64_t done = sentOfFront_;  // only the front op can be partly written
-    for (const SendOp& op : sending_) {
-      if (count + 2 > kMaxIov) break;
-      auto* header = reinterpret_cast<char*>(const_cast<ChunkHeader*>(&op.header));
-      if (done < sizeof(ChunkHeader)) {
-        iov[count++] = {header + done, sizeof(ChunkHeader) - done};
-        done = 0;
-      } else {
-        done -= sizeof(ChunkHeader);
-      }
-      if (op.header.length > done) iov[count++] = {const_cast<char*>(op.data) + done, op.header.length - done};
-      done = 0;
-    }
-    ssize_t sent = writeVector(fd_.get(), iov, count);
-    if (sent == 0) {
-      writable_ = false;
-      break;
-    }
-    if (sent < 0) {
-      failWith(errnoText(static_cast<int>(-sent)).c_str(), false);
-      return moved;
-    }
-    moved += static_cast<uint64_t>(sent);
-    for (uint64_t left = static_cast<uint64_t>(sent); left > 0;) {
-      SendOp& front = sending_.front();
-      uint64_t total = sizeof(ChunkHeader) + front.header.length;
-      uint64_t take = std::min(left, total - sentOfFront_);
-      sentOfFront_ += take;
-      left -= take;
-      if (sentOfFront_ < total) break;
-      queuedBytes_.fetch_sub(front.header.length, std::memory_order_relaxed);
-      if (counters_ != nullptr) counters_->addSent(front.header.length);
-      front.pending->fetch_sub(1, std::memory_order_release);
-      sending_.pop_front();
-      sentOfFront_ = 0;
-    }
-  }
-  return moved;
-}
-
-uint64_t Stream::progressReceive() {
-  uint64_t moved = 0;
-  while (readable_) {
-    ssize_t got;
-    if (!inPayload_) {
-      char* header = reinterpret_cast<char*>(&incoming_);
-      got = readSome(fd_.get(), header + headerBytes_, sizeof(ChunkHeader) - headerBytes_);
-    } else {
-      got = readSome(fd_.get(), destination_ + (incoming_.length - payloadLeft_), payloadLeft_);
-    }
-    if (got == 0) {
-      readable_ = false;
-      break;
-    }
-    if (got == kEndOfStream) {
-      bool clean = !inPayload_ && headerBytes_ == 0;
-      failWith(clean ? "peer closed the stream" : "peer closed the stream in the middle of a chunk", clean);
-      return moved;
-    }
-    if (got < 0) {
-      failWith(errnoText(static_cast<int>(-got)).c_str(), false);
-      return moved;
-    }
-    moved += static_cast<uint64_t>(got);
-    if (!inPayload_) {
-      headerBytes_ += static_cast<uint64_t>(got);
-      if (headerBytes_ < sizeof(ChunkHeader)) continue;
-      headerBytes_ = 0;
-      destination_ = owner_->resolveChunk(incoming_);
-      if (destination_ == nullptr) {
-        failWith("received a chunk that matches no posted receive", false);
-        return moved;
-      }
-      payloadLeft_ = incoming_.length;
-      inPayload_ = payloadLeft_ > 0;
-      if (counters_ != nullptr) counters_->addReceived(incoming_.length);
-      if (!inPayload_) owner_->chunkReceived(incoming_);
-    } else {
-      payloadLeft_ -= static_cast<uint64_t>(got);
-      if (payloadLeft_ == 0) {
-        inPayload_ = false;
-        owner_->chunkReceived(incoming_);
-      }
-    }
-  }
-  return moved;
-}
 
 // ---- Worker -------------------------------------------------------------------------------------------------
 
@@ -218,19 +97,19 @@ void Worker::wakeUp() {
   (void)ignored;  // a full counter still wakes the reader
 }
 
-void Worker::add(Stream* stream) {
-  stream->worker_ = this;
+void Worker::add(EventSource* source) {
+  source->worker_ = this;
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    toAdd_.push_back(stream);
+    toAdd_.push_back(source);
   }
   wakeUp();
 }
 
-void Worker::remove(Stream* stream) {
+void Worker::remove(EventSource* source) {
   std::unique_lock<std::mutex> lock(mutex_);
   uint64_t ticket = ++removalsAsked_;
-  toRemove_.push_back(stream);
+  toRemove_.push_back(source);
   wakeUp();
   removed_.wait(lock, [&] { return removalsDone_ >= ticket; });
 }
@@ -243,21 +122,21 @@ void Worker::notify() {
 
 void Worker::applyCommands() {
   std::lock_guard<std::mutex> lock(mutex_);
-  for (Stream* stream : toAdd_) {
+  for (EventSource* source : toAdd_) {
     epoll_event event{};
     event.events = EPOLLIN | EPOLLOUT | EPOLLET | EPOLLRDHUP;
-    event.data.ptr = stream;
-    if (epoll_ctl(epoll_.get(), EPOLL_CTL_ADD, stream->fd(), &event) != 0) {
+    event.data.ptr = source;
+    if (epoll_ctl(epoll_.get(), EPOLL_CTL_ADD, source->fd(), &event) != 0) {
       int err = errno;
-      stream->failWith(errnoText(err).c_str(), false);
+      source->failWith(errnoText(err).c_str(), err);
     }
-    streams_.push_back(stream);
+    sources_.push_back(source);
   }
   toAdd_.clear();
   if (!toRemove_.empty()) {
-    for (Stream* stream : toRemove_) {
-      epoll_ctl(epoll_.get(), EPOLL_CTL_DEL, stream->fd(), nullptr);
-      streams_.erase(std::remove(streams_.begin(), streams_.end(), stream), streams_.end());
+    for (EventSource* source : toRemove_) {
+      epoll_ctl(epoll_.get(), EPOLL_CTL_DEL, source->fd(), nullptr);
+      sources_.erase(std::remove(sources_.begin(), sources_.end(), source), sources_.end());
     }
     removalsDone_ += toRemove_.size();
     toRemove_.clear();
@@ -269,16 +148,16 @@ void Worker::waitForEvents(int timeoutMs) {
   epoll_event events[64];
   int count = epoll_wait(epoll_.get(), events, 64, timeoutMs);
   for (int i = 0; i < count; ++i) {
-    auto* stream = static_cast<Stream*>(events[i].data.ptr);
-    if (stream == nullptr) {
+    auto* source = static_cast<EventSource*>(events[i].data.ptr);
+    if (source == nullptr) {
       uint64_t drained;
       ssize_t ignored = read(wakeFd_.get(), &drained, sizeof(drained));
       (void)ignored;
       continue;
     }
     // Events only set flags; progress() runs to EAGAIN before clearing them (edge-triggered).
-    if (events[i].events & (EPOLLIN | EPOLLRDHUP | EPOLLHUP | EPOLLERR)) stream->readable_ = true;
-    if (events[i].events & (EPOLLOUT | EPOLLHUP | EPOLLERR)) stream->writable_ = true;
+    source->markReady((events[i].events & (EPOLLIN | EPOLLRDHUP | EPOLLHUP | EPOLLERR)) != 0,
+                      (events[i].events & (EPOLLOUT | EPOLLHUP | EPOLLERR)) != 0);
   }
 }
 
@@ -288,7 +167,7 @@ void Worker::run() {
     uint64_t seen = submissions_.load(std::memory_order_seq_cst);
     applyCommands();
     uint64_t moved = 0;
-    for (Stream* stream : streams_) moved += stream->progress();
+    for (EventSource* source : sources_) moved += source->progress();
     bytesMoved_ += moved;
     auto now = std::chrono::steady_clock::now();
     if (moved > 0) {
@@ -361,11 +240,13 @@ Engine::~Engine() {
   for (const std::string& line : nicCounterLines()) RN_INFO(NCCL_NET, "NET/railnet: NIC %s", line.c_str());
 }
 
-void Engine::attach(Stream* stream) {
+void Engine::attach(EventSource* source) {
   uint32_t pick = nextWorker_.fetch_add(1, std::memory_order_relaxed) % workers_.size();
-  workers_[pick]->add(stream);
+  workers_[pick]->add(source);
 }
 
-void Engine::detach(Stream* stream) { stream->worker_->remove(stream); }
+void Engine::detach(EventSource* source) { source->worker_->remove(source); }
 
-}  // namespace railnet::tcp
+void EventSource::wake() { worker_->notify(); }
+
+}  // namespace railnet::progress

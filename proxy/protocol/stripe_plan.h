@@ -11,7 +11,7 @@
 #include <cstddef>
 #include <cstdint>
 
-namespace railnet {
+namespace railnet::protocol {
 
 inline constexpr size_t kStripeAlignment = 128;
 inline constexpr int kMaxStripeLanes = 8;  // NCCL merges at most 8 devices per vNIC (ABI v12)
@@ -49,4 +49,4 @@ inline int planStripes(size_t bytes, int lanes, uint64_t sequence, size_t minStr
   return count;
 }
 
-}  // namespace railnet
+}  // namespace railnet::protocol

@@ -1,4 +1,4 @@
-#include "proxy/tcp/wire.h"
+#include "proxy/protocol/wire.h"
 
 #include <netinet/in.h>
 
@@ -6,7 +6,7 @@
 
 #include "railnet/error.h"
 
-namespace railnet::tcp {
+namespace railnet::protocol {
 
 const char* validateHello(const Hello& hello, const uint64_t secret[2]) {
   if (hello.magic != kHelloMagic) return "not a railnet hello (bad magic)";
@@ -30,47 +30,47 @@ uint64_t chunkSizeFor(uint64_t size, int streams, uint64_t minChunk) {
   return chunk;
 }
 
-}  // namespace railnet::tcp
+}  // namespace railnet::protocol
 
-namespace railnet::tcp {
+namespace railnet::protocol {
 
-void writeHandleLanes(Handle* handle, const std::vector<LaneAddress>& lanes) {
-  if (lanes.empty()) fail(ncclInternalError, "NET/railnet: a listening device without an address");
-  const sa_family_t family = lanes[0].address.storage.ss_family;
-  const int most = family == AF_INET6 ? kMaxHandleLanes6 : kMaxHandleLanes4;
-  if (static_cast<int>(lanes.size()) > most) {
+void writeHandleAddresses(Handle* handle, const std::vector<ListenAddress>& addresses) {
+  if (addresses.empty()) fail(ncclInternalError, "NET/railnet: a listening device without an address");
+  const sa_family_t family = addresses[0].address.storage.ss_family;
+  const int most = family == AF_INET6 ? kMaxHandleAddresses6 : kMaxHandleAddresses4;
+  if (static_cast<int>(addresses.size()) > most) {
     fail(ncclInvalidUsage,
          "NET/railnet: a fused TCP device of %zu %s NICs does not fit NCCL's 128-byte handle (at most %d)",
-         lanes.size(), family == AF_INET6 ? "IPv6" : "IPv4", most);
+         addresses.size(), family == AF_INET6 ? "IPv6" : "IPv4", most);
   }
-  memcpy(handle->address, &lanes[0].address.storage, lanes[0].address.length);
-  handle->railId = lanes[0].railId;
-  handle->laneCount = static_cast<uint16_t>(lanes.size());
-  for (size_t i = 1; i < lanes.size(); ++i) {
-    const SocketAddress& lane = lanes[i].address;
-    if (lane.storage.ss_family != family) {
+  memcpy(handle->address, &addresses[0].address.storage, addresses[0].address.length);
+  handle->railId = addresses[0].railId;
+  handle->addressCount = static_cast<uint16_t>(addresses.size());
+  for (size_t i = 1; i < addresses.size(); ++i) {
+    const SocketAddress& next = addresses[i].address;
+    if (next.storage.ss_family != family) {
       fail(ncclInvalidUsage, "NET/railnet: a fused TCP device mixes IPv4 and IPv6 addresses (%s, %s)",
-           lanes[0].address.toString().c_str(), lane.toString().c_str());
+           addresses[0].address.toString().c_str(), next.toString().c_str());
     }
     if (family == AF_INET6) {
-      const auto* in6 = reinterpret_cast<const sockaddr_in6*>(&lane.storage);
-      HandleLane6 entry{};
+      const auto* in6 = reinterpret_cast<const sockaddr_in6*>(&next.storage);
+      HandleAddress6 entry{};
       memcpy(entry.address, &in6->sin6_addr, sizeof(entry.address));
       entry.port = in6->sin6_port;
-      entry.railId = lanes[i].railId;
-      memcpy(handle->lanes + (i - 1) * sizeof(entry), &entry, sizeof(entry));
+      entry.railId = addresses[i].railId;
+      memcpy(handle->moreAddresses + (i - 1) * sizeof(entry), &entry, sizeof(entry));
     } else {
-      const auto* in4 = reinterpret_cast<const sockaddr_in*>(&lane.storage);
-      HandleLane4 entry{};
+      const auto* in4 = reinterpret_cast<const sockaddr_in*>(&next.storage);
+      HandleAddress4 entry{};
       memcpy(entry.address, &in4->sin_addr, sizeof(entry.address));
       entry.port = in4->sin_port;
-      entry.railId = lanes[i].railId;
-      memcpy(handle->lanes + (i - 1) * sizeof(entry), &entry, sizeof(entry));
+      entry.railId = addresses[i].railId;
+      memcpy(handle->moreAddresses + (i - 1) * sizeof(entry), &entry, sizeof(entry));
     }
   }
 }
 
-std::vector<LaneAddress> handleLanes(const Handle& handle) {
+std::vector<ListenAddress> handleAddresses(const Handle& handle) {
   if (handle.magic != kHandleMagic) {
     fail(ncclInvalidUsage, "NET/railnet: connect handle is not a railnet TCP handle (magic 0x%08x)", handle.magic);
   }
@@ -78,7 +78,7 @@ std::vector<LaneAddress> handleLanes(const Handle& handle) {
     fail(ncclInvalidUsage, "NET/railnet: connect handle has wire version %u, this railnet speaks %u", handle.version,
          kWireVersion);
   }
-  LaneAddress first;
+  ListenAddress first;
   sa_family_t family;
   memcpy(&family, handle.address, sizeof(family));
   if (family == AF_INET) {
@@ -90,31 +90,31 @@ std::vector<LaneAddress> handleLanes(const Handle& handle) {
   }
   memcpy(&first.address.storage, handle.address, first.address.length);
   first.railId = handle.railId;
-  const int count = handle.laneCount == 0 ? 1 : handle.laneCount;
-  const int most = family == AF_INET6 ? kMaxHandleLanes6 : kMaxHandleLanes4;
+  const int count = handle.addressCount == 0 ? 1 : handle.addressCount;
+  const int most = family == AF_INET6 ? kMaxHandleAddresses6 : kMaxHandleAddresses4;
   if (count > most) fail(ncclInvalidUsage, "NET/railnet: connect handle names %d addresses (at most %d)", count, most);
-  std::vector<LaneAddress> lanes{first};
+  std::vector<ListenAddress> addresses{first};
   for (int i = 1; i < count; ++i) {
-    LaneAddress lane = first;  // family, scope and flow info of the first address
+    ListenAddress next = first;  // family, scope and flow info of the first address
     const size_t at = static_cast<size_t>(i - 1);
     if (family == AF_INET6) {
-      HandleLane6 entry;
-      memcpy(&entry, handle.lanes + at * sizeof(entry), sizeof(entry));
-      auto* in6 = reinterpret_cast<sockaddr_in6*>(&lane.address.storage);
+      HandleAddress6 entry;
+      memcpy(&entry, handle.moreAddresses + at * sizeof(entry), sizeof(entry));
+      auto* in6 = reinterpret_cast<sockaddr_in6*>(&next.address.storage);
       memcpy(&in6->sin6_addr, entry.address, sizeof(entry.address));
       in6->sin6_port = entry.port;
-      lane.railId = entry.railId;
+      next.railId = entry.railId;
     } else {
-      HandleLane4 entry;
-      memcpy(&entry, handle.lanes + at * sizeof(entry), sizeof(entry));
-      auto* in4 = reinterpret_cast<sockaddr_in*>(&lane.address.storage);
+      HandleAddress4 entry;
+      memcpy(&entry, handle.moreAddresses + at * sizeof(entry), sizeof(entry));
+      auto* in4 = reinterpret_cast<sockaddr_in*>(&next.address.storage);
       memcpy(&in4->sin_addr, entry.address, sizeof(entry.address));
       in4->sin_port = entry.port;
-      lane.railId = entry.railId;
+      next.railId = entry.railId;
     }
-    lanes.push_back(lane);
+    addresses.push_back(next);
   }
-  return lanes;
+  return addresses;
 }
 
-}  // namespace railnet::tcp
+}  // namespace railnet::protocol

@@ -1,5 +1,6 @@
-// railnet's TCP wire formats: the 128-byte listen handle, the hello every socket opens with, the control
-// frames, and the header in front of each data chunk. All integers are little-endian host order: both ends
+// railnet's wire formats, shared by both transports: the 128-byte listen handle, the hello every socket opens
+// with, the control frames, the clear-to-send entries and the header in front of each data chunk (TCP data
+// streams; verbs notices). All integers are little-endian host order: both ends
 // are x86-64/aarch64 little-endian hosts running the same wire version, which the hello checks.
 #pragma once
 
@@ -7,10 +8,10 @@
 #include <cstdint>
 #include <vector>
 
-#include "proxy/tcp/socket.h"
+#include "proxy/protocol/socket.h"
 #include "railnet/nccl/common.h"
 
-namespace railnet::tcp {
+namespace railnet::protocol {
 
 constexpr uint32_t kHandleMagic = 0x43544e52;  // "RNTC"
 constexpr uint32_t kHelloMagic = 0x4c484e52;   // "RNHL"
@@ -23,47 +24,47 @@ constexpr int kMaxKeysPerBuffer = 8;  // rkeys per clear-to-send buffer: one per
 struct Handle {
   uint32_t magic;
   uint16_t version;
-  uint16_t laneCount;   // listening addresses (NICs) of the device: 0 or 1 for a physical device
+  uint16_t addressCount; // listening addresses (NICs) of the device: 0 or 1 for a physical device
   uint8_t address[28];  // sockaddr_in or sockaddr_in6 of the (first) listening socket
   int16_t railId;       // rail of the (first) listening NIC; -1 when unknown
   uint16_t nicCount;     // NICs behind the device when they share one listening address (a fused verbs
                          // device: its RDMA ports); 0 means 1
   uint64_t secret[2];    // random; a connection must present it in its hello
   uint64_t connectToken; // 0 as listen writes it; connect() keeps its in-progress state's id here
-  uint8_t lanes[64];     // a fused device's further listening addresses: HandleLane4 or HandleLane6 entries
+  uint8_t moreAddresses[64];  // a fused device's further listening addresses: HandleAddress4 or HandleAddress6
 };
 static_assert(sizeof(Handle) == NCCL_NET_HANDLE_MAXSIZE);
 static_assert(offsetof(Handle, address) == 8);
 static_assert(offsetof(Handle, railId) == 36);
 static_assert(offsetof(Handle, secret) == 40);
-static_assert(offsetof(Handle, lanes) == 64);
+static_assert(offsetof(Handle, moreAddresses) == 64);
 
 // Further listening addresses of a fused device, same family and (IPv6) scope as the first one.
-struct HandleLane4 {
+struct HandleAddress4 {
   uint8_t address[4];
   uint16_t port;  // network order
   int16_t railId;
 };
-struct HandleLane6 {
+struct HandleAddress6 {
   uint8_t address[16];
   uint16_t port;  // network order
   int16_t railId;
 };
-static_assert(sizeof(HandleLane4) == 8 && sizeof(HandleLane6) == 20);
-constexpr int kMaxHandleLanes4 = 1 + static_cast<int>(sizeof(Handle::lanes) / sizeof(HandleLane4));  // 9
-constexpr int kMaxHandleLanes6 = 1 + static_cast<int>(sizeof(Handle::lanes) / sizeof(HandleLane6));  // 4
+static_assert(sizeof(HandleAddress4) == 8 && sizeof(HandleAddress6) == 20);
+constexpr int kMaxHandleAddresses4 = 1 + static_cast<int>(sizeof(Handle::moreAddresses) / sizeof(HandleAddress4));  // 9
+constexpr int kMaxHandleAddresses6 = 1 + static_cast<int>(sizeof(Handle::moreAddresses) / sizeof(HandleAddress6));  // 4
 
 // One listening NIC of a device: its address and rail.
-struct LaneAddress {
+struct ListenAddress {
   SocketAddress address;
   int16_t railId = -1;
 };
 
-// Writes lanes[0] into address/railId and the rest into the lanes area. Throws ncclInvalidUsage when they do
+// Writes addresses[0] into address/railId and the rest into moreAddresses. Throws ncclInvalidUsage when they do
 // not fit (more than 9 IPv4 or 4 IPv6 addresses) or mix families.
-void writeHandleLanes(Handle* handle, const std::vector<LaneAddress>& lanes);
+void writeHandleAddresses(Handle* handle, const std::vector<ListenAddress>& addresses);
 // The listening addresses a handle names (at least one). Throws ncclInvalidUsage on a malformed handle.
-std::vector<LaneAddress> handleLanes(const Handle& handle);
+std::vector<ListenAddress> handleAddresses(const Handle& handle);
 
 enum class StreamRole : uint16_t { kControl = 0, kData = 1 };
 
@@ -89,7 +90,7 @@ enum class FrameType : uint8_t { kClearToSend = 1, kInline = 2, kOversize = 3 };
 
 struct FrameHeader {
   uint8_t type;    // FrameType
-  uint8_t slot;    // buffer index within the grouped receive (kInline/kOversize); n for kClearToSend
+  uint8_t slot;    // buffer index within the grouped receive (kInline/kOversize); buffer count for kClearToSend
   uint16_t extraKeys;  // kClearToSend from a fused verbs receiver: rkeys per buffer beyond the entry's (else 0)
   uint32_t recvId; // sequence number of the receive, per connection
   uint64_t size;   // payload bytes (kInline), sender's size (kOversize); unused for kClearToSend
@@ -122,4 +123,4 @@ static_assert(sizeof(ChunkHeader) == 32);
 // minChunk, and at most ceil(size / streams) rounded up so every stream gets work.
 uint64_t chunkSizeFor(uint64_t size, int streams, uint64_t minChunk);
 
-}  // namespace railnet::tcp
+}  // namespace railnet::protocol

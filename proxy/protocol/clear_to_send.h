@@ -7,9 +7,9 @@
 #include <optional>
 #include <string>
 
-#include "proxy/tcp/wire.h"
+#include "proxy/protocol/wire.h"
 
-namespace railnet::tcp {
+namespace railnet::protocol {
 
 class ClearToSendQueue {
  public:
@@ -44,4 +44,4 @@ class ClearToSendQueue {
   std::deque<PostedReceive> posted_;
 };
 
-}  // namespace railnet::tcp
+}  // namespace railnet::protocol

@@ -1,31 +1,33 @@
-// The process-wide pool of helper threads that move data-stream bytes. Each data stream (one TCP socket) is
-// served by one worker; a worker serves streams of many connections through one epoll set, busy-polls for a
-// while after work (RAILNET_TCP_SPIN_US) and sleeps in epoll_wait otherwise.
+// A data stream of the TCP transport: one socket carrying self-describing chunks (protocol/wire.h ChunkHeader +
+// payload), served by a helper thread of the progress engine. The sender queues chunks from any thread; the
+// helper writes them, and on the receiving end reads each header, asks the owning comm where the payload goes,
+// and reads the payload straight into the posted buffer.
 #pragma once
 
 #include <atomic>
 #include <cstdint>
 #include <deque>
-#include <memory>
 #include <mutex>
-#include <vector>
 
 #include "proxy/nic_counters.h"
-#include "proxy/tcp/socket.h"
-#include "proxy/tcp/wire.h"
+#include "proxy/progress/engine.h"
+#include "proxy/protocol/socket.h"
+#include "proxy/protocol/wire.h"
 
 namespace railnet::tcp {
 
-class Worker;
+using protocol::ChunkHeader;
+using protocol::Fd;
 
-// Implemented by the comm that owns the streams. Called on worker threads.
+// Implemented by the comm that owns the streams. Called on helper threads.
 class StreamOwner {
  public:
   // Where the payload of `header` goes; nullptr rejects the chunk (the owner records why).
   virtual char* resolveChunk(const ChunkHeader& header) noexcept = 0;
   virtual void chunkReceived(const ChunkHeader& header) noexcept = 0;
-  // The stream hit end-of-stream (endOfStream) or an error; no more callbacks follow for it.
-  virtual void streamFailed(int streamIndex, const char* why, bool endOfStream) noexcept = 0;
+  // The stream hit end-of-stream (endOfStream) or an error (err: its errno, 0 for a protocol error); no more
+  // callbacks follow for it.
+  virtual void streamFailed(int streamIndex, const char* why, int err, bool endOfStream) noexcept = 0;
 
  protected:
   ~StreamOwner() = default;
@@ -38,39 +40,37 @@ struct SendOp {
   std::atomic<int>* pending;  // the request's chunks left; decremented once this chunk is in the kernel
 };
 
-class Stream {
+class Stream final : public progress::EventSource {
  public:
   // counters: the NIC this stream's socket uses (payload bytes are added as chunks complete), or nullptr.
   Stream(Fd fd, StreamOwner* owner, int index, NicCounters* counters = nullptr);
-  Stream(const Stream&) = delete;
-  Stream& operator=(const Stream&) = delete;
 
-  int fd() const { return fd_.get(); }
+  int fd() const noexcept override { return fd_.get(); }
   int index() const { return index_; }
   uint64_t queuedBytes() const { return queuedBytes_.load(std::memory_order_relaxed); }
-  // Sender side, any thread: queue a chunk and wake the worker.
+  // Sender side, any thread: queue a chunk and wake the helper.
   void enqueue(const SendOp& op);
 
+  // progress::EventSource, helper thread only.
+  uint64_t progress() noexcept override;
+  void markReady(bool readable, bool writable) noexcept override;
+  void failWith(const char* why, int err) noexcept override;
+
  private:
-  friend class Worker;
-  friend class Engine;
-  // Worker thread only: move bytes until the socket would block. Return the bytes moved.
-  uint64_t progress();
   uint64_t progressSend();
   uint64_t progressReceive();
-  void failWith(const char* why, bool endOfStream);
+  void fail(const char* why, int err, bool endOfStream);
 
   Fd fd_;
   StreamOwner* owner_;
   int index_;
   NicCounters* counters_;
-  Worker* worker_ = nullptr;
 
   std::mutex queueMutex_;
   std::deque<SendOp> queue_;  // guarded by queueMutex_
   std::atomic<uint64_t> queuedBytes_{0};
 
-  // Worker-only state.
+  // Helper-only state.
   std::deque<SendOp> sending_;
   uint64_t sentOfFront_ = 0;
   ChunkHeader incoming_{};
@@ -81,23 +81,6 @@ class Stream {
   bool readable_ = true;
   bool writable_ = true;
   std::atomic<bool> dead_{false};
-};
-
-class Engine {
- public:
-  // The shared pool, started on first use and stopped when its last user releases it (so no railnet thread
-  // outlives the last comm, which matters when NCCL dlcloses the plugin).
-  static std::shared_ptr<Engine> acquire();
-  ~Engine();
-
-  void attach(Stream* stream);
-  // Synchronous: once it returns, no worker touches `stream` again.
-  void detach(Stream* stream);
-
- private:
-  Engine();
-  std::vector<std::unique_ptr<Worker>> workers_;
-  std::atomic<uint32_t> nextWorker_{0};
 };
 
 }  // namespace railnet::tcp

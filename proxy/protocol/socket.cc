@@ -1,4 +1,4 @@
-#include "proxy/tcp/socket.h"
+#include "proxy/protocol/socket.h"
 
 #include <fcntl.h>
 #include <netinet/in.h>
@@ -13,7 +13,7 @@
 #include "railnet/error.h"
 #include "topo/netif.h"
 
-namespace railnet::tcp {
+namespace railnet::protocol {
 
 void Fd::reset(int fd) {
   if (fd_ >= 0) ::close(fd_);
@@ -159,4 +159,4 @@ ssize_t writeVector(int fd, const iovec* iov, int count) {
   }
 }
 
-}  // namespace railnet::tcp
+}  // namespace railnet::protocol

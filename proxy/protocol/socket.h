@@ -7,7 +7,7 @@
 #include <string>
 #include <utility>
 
-namespace railnet::tcp {
+namespace railnet::protocol {
 
 class Fd {
  public:
@@ -68,4 +68,4 @@ ssize_t readSome(int fd, void* data, size_t size);
 ssize_t writeSome(int fd, const void* data, size_t size);
 ssize_t writeVector(int fd, const struct iovec* iov, int count);
 
-}  // namespace railnet::tcp
+}  // namespace railnet::protocol

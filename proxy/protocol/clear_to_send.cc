@@ -1,8 +1,8 @@
-#include "proxy/tcp/clear_to_send.h"
+#include "proxy/protocol/clear_to_send.h"
 
 #include <cstring>
 
-namespace railnet::tcp {
+namespace railnet::protocol {
 
 long ClearToSendQueue::parse(const char* data, size_t size, std::string* why) {
   size_t used = 0;
@@ -65,4 +65,4 @@ std::string ClearToSendQueue::openTags() const {
   return tags;
 }
 
-}  // namespace railnet::tcp
+}  // namespace railnet::protocol

@@ -1,4 +1,4 @@
-#include "proxy/tcp/connect.h"
+#include "proxy/protocol/handshake.h"
 
 #include <netinet/in.h>
 #include <sys/random.h>
@@ -11,7 +11,7 @@
 #include "railnet/error.h"
 #include "railnet/log.h"
 
-namespace railnet::tcp {
+namespace railnet::protocol {
 namespace {
 
 void randomBytes(void* out, size_t size) {
@@ -48,20 +48,20 @@ uint64_t gNextToken = 0;                                       // guarded by gPe
 
 std::unique_ptr<PendingConnect> startConnection(const Handle& handle, const ConnectOptions& options) {
   auto pending = std::make_unique<PendingConnect>();
-  const std::vector<LaneAddress> remote = handleLanes(handle);
+  const std::vector<ListenAddress> remote = handleAddresses(handle);
   pending->peer.peer = remote[0].address;
   pending->peer.controlRail = remote[0].railId;
   pending->peer.nicCount = std::max<int>(1, handle.nicCount);
-  const std::vector<LocalLane> local =
-      options.lanes.empty() ? std::vector<LocalLane>{LocalLane{SocketAddress{}, options.railId}} : options.lanes;
+  const std::vector<LocalNic> local =
+      options.nics.empty() ? std::vector<LocalNic>{LocalNic{SocketAddress{}, options.railId}} : options.nics;
   uint64_t connectionId;
   randomBytes(&connectionId, sizeof(connectionId));
   int streams = dataStreamCount(options);
   for (int i = 0; i <= streams; ++i) {
-    // Control: lane 0 to the first address; data stream s: lane s % local to address s % remote.
+    // Control: NIC 0 to the first address; data stream s: NIC s % local to address s % remote.
     const size_t s = i == 0 ? 0 : static_cast<size_t>(i - 1);
-    const LocalLane& from = local[s % local.size()];
-    const LaneAddress& to = remote[s % remote.size()];
+    const LocalNic& from = local[s % local.size()];
+    const ListenAddress& to = remote[s % remote.size()];
     if (i > 0) pending->peer.dataRails.push_back(to.railId);
     PendingConnect::Socket socket;
     socket.target = to.address;
@@ -111,11 +111,9 @@ bool advance(PendingConnect& pending) {
 
 }  // namespace
 
-SocketAddress handleAddress(const Handle& handle) { return handleLanes(handle)[0].address; }
-
 int dataStreamCount(const ConnectOptions& options) {
-  const int lanes = std::max<int>(1, static_cast<int>(options.lanes.size()));
-  return std::clamp(options.streams * lanes, 0, kMaxStreams);
+  const int nics = std::max<int>(1, static_cast<int>(options.nics.size()));
+  return std::clamp(options.streams * nics, 0, kMaxStreams);
 }
 
 void connectStep(Handle* handle, const ConnectOptions& options, std::unique_ptr<SendComm>* comm) {
@@ -136,9 +134,7 @@ void connectStep(Handle* handle, const ConnectOptions& options, std::unique_ptr<
   if (advance(*pending)) {
     std::vector<Fd> data;
     for (size_t i = 1; i < pending->sockets.size(); ++i) data.push_back(std::move(pending->sockets[i].fd));
-    *comm = options.makeSendCommWithPeer
-                ? options.makeSendCommWithPeer(std::move(pending->sockets[0].fd), std::move(data), pending->peer)
-                : options.makeSendComm(std::move(pending->sockets[0].fd), std::move(data), pending->peer.peer);
+    *comm = options.makeSendComm(std::move(pending->sockets[0].fd), std::move(data), pending->peer);
     handle->connectToken = 0;
     return;
   }
@@ -147,40 +143,40 @@ void connectStep(Handle* handle, const ConnectOptions& options, std::unique_ptr<
   gPending[handle->connectToken] = std::move(pending);
 }
 
-TcpListenComm::TcpListenComm(const SocketAddress& address, const ConnectOptions& options, Handle* handle)
-    : TcpListenComm(std::vector<LaneAddress>{LaneAddress{address, options.railId}}, options, handle) {}
+HandshakeListener::HandshakeListener(const SocketAddress& address, const ConnectOptions& options, Handle* handle)
+    : HandshakeListener(std::vector<ListenAddress>{ListenAddress{address, options.railId}}, options, handle) {}
 
-TcpListenComm::TcpListenComm(const std::vector<LaneAddress>& addresses, const ConnectOptions& options,
+HandshakeListener::HandshakeListener(const std::vector<ListenAddress>& addresses, const ConnectOptions& options,
                              Handle* handle)
     : options_(options) {
-  std::vector<LaneAddress> bound = addresses;
-  for (LaneAddress& lane : bound) {
+  std::vector<ListenAddress> bound = addresses;
+  for (ListenAddress& listening : bound) {
     SocketAddress where;
-    listeners_.push_back(listenOn(lane.address, &where));
-    lane.address = where;
+    listeners_.push_back(listenOn(listening.address, &where));
+    listening.address = where;
   }
   address_ = bound.at(0).address;
   randomBytes(secret_, sizeof(secret_));
   memset(handle, 0, sizeof(Handle));
   handle->magic = kHandleMagic;
   handle->version = kWireVersion;
-  writeHandleLanes(handle, bound);
+  writeHandleAddresses(handle, bound);
   handle->nicCount = options.nicCount;
   handle->secret[0] = secret_[0];
   handle->secret[1] = secret_[1];
 }
 
-void TcpListenComm::reject(Arrival& arrival, const char* why) {
+void HandshakeListener::reject(Arrival& arrival, const char* why) {
   RN_WARN("NET/railnet: rejected a connection from %s to %s: %s", arrival.peer.toString().c_str(),
           address_.toString().c_str(), why);
   arrival.fd.reset();
 }
 
-void TcpListenComm::acceptArrivals() {
+void HandshakeListener::acceptArrivals() {
   for (size_t index = 0; index < listeners_.size(); ++index) acceptArrivals(index);
 }
 
-void TcpListenComm::acceptArrivals(size_t index) {
+void HandshakeListener::acceptArrivals(size_t index) {
   for (;;) {
     Arrival arrival;
     arrival.listener = index;
@@ -201,7 +197,7 @@ void TcpListenComm::acceptArrivals(size_t index) {
   }
 }
 
-bool TcpListenComm::readHello(Arrival& arrival) {
+bool HandshakeListener::readHello(Arrival& arrival) {
   while (arrival.helloBytes < sizeof(Hello)) {
     ssize_t got = readSome(arrival.fd.get(), reinterpret_cast<char*>(&arrival.hello) + arrival.helloBytes,
                            sizeof(Hello) - arrival.helloBytes);
@@ -255,18 +251,16 @@ bool TcpListenComm::readHello(Arrival& arrival) {
   return true;
 }
 
-void TcpListenComm::accept(std::unique_ptr<RecvComm>* comm) {
+void HandshakeListener::accept(std::unique_ptr<RecvComm>* comm) {
   acceptArrivals();
   std::erase_if(arrivals_, [this](Arrival& arrival) { return readHello(arrival); });
   for (auto it = groups_.begin(); it != groups_.end(); ++it) {
     Group& group = it->second;
     if (group.present != static_cast<int>(group.data.size()) + 1) continue;
-    *comm = options_.makeRecvCommWithPeer
-                ? options_.makeRecvCommWithPeer(std::move(group.control), std::move(group.data), group.peer)
-                : options_.makeRecvComm(std::move(group.control), std::move(group.data), group.peer.peer);
+    *comm = options_.makeRecvComm(std::move(group.control), std::move(group.data), group.peer);
     groups_.erase(it);
     return;
   }
 }
 
-}  // namespace railnet::tcp
+}  // namespace railnet::protocol

@@ -6,7 +6,7 @@
 #include <memory>
 #include <vector>
 
-namespace railnet::tcp {
+namespace railnet::protocol {
 
 template <class Request>
 class RequestPool {
@@ -39,4 +39,4 @@ class RequestPool {
   std::vector<Request*> free_;
 };
 
-}  // namespace railnet::tcp
+}  // namespace railnet::protocol

@@ -1,5 +1,8 @@
-// Establishing railnet TCP connections without blocking: the listener (accept side) and the connect state
-// machine whose progress NCCL drives by calling connect() again with the same handle.
+// Establishing railnet connections without blocking, for both transports: the listener (accept side) and the
+// connect state machine whose progress NCCL drives by calling connect() again with the same handle. Every
+// connection opens one control socket plus `streams` data sockets per local NIC (0 for the verbs transport,
+// whose bytes go by RDMA); what travels after the hellos is the transport's (its comm factories receive the
+// sockets and what the handshake learned of the peer).
 #pragma once
 
 #include <chrono>
@@ -8,19 +11,14 @@
 #include <memory>
 #include <vector>
 
-#include "proxy/tcp/socket.h"
-#include "proxy/tcp/wire.h"
+#include "proxy/protocol/socket.h"
+#include "proxy/protocol/wire.h"
 #include "proxy/transport.h"
 
-namespace railnet::tcp {
+namespace railnet::protocol {
 
-// What a transport builds once all sockets of a connection are there: the TCP transport moves its data over
-// them; the verbs transport keeps only the control socket, to exchange QP details and clear-to-sends.
-using SendCommFactory = std::function<std::unique_ptr<SendComm>(Fd control, std::vector<Fd> data, const SocketAddress& peer)>;
-using RecvCommFactory = std::function<std::unique_ptr<RecvComm>(Fd control, std::vector<Fd> data, const SocketAddress& peer)>;
-
-// One local NIC of a device; a fused (virtual) device has several, its "lanes".
-struct LocalLane {
+// One local NIC of a device; a fused (virtual) device has several.
+struct LocalNic {
   SocketAddress bind;  // source address for connections; length 0 lets the kernel choose
   int16_t railId = -1;
 };
@@ -32,39 +30,36 @@ struct PeerInfo {
   std::vector<int16_t> dataRails;  // the same per data stream
   int nicCount = 1;                // the peer device's ConnectOptions::nicCount (at least 1)
 };
-using SendCommFactoryWithPeer =
-    std::function<std::unique_ptr<SendComm>(Fd control, std::vector<Fd> data, const PeerInfo& peer)>;
-using RecvCommFactoryWithPeer =
-    std::function<std::unique_ptr<RecvComm>(Fd control, std::vector<Fd> data, const PeerInfo& peer)>;
+// What a transport builds once all sockets of a connection are there: the TCP transport moves its data over
+// them; the verbs transport keeps only the control socket, for its QP records and oversize notices.
+using SendCommFactory = std::function<std::unique_ptr<SendComm>(Fd control, std::vector<Fd> data, const PeerInfo& peer)>;
+using RecvCommFactory = std::function<std::unique_ptr<RecvComm>(Fd control, std::vector<Fd> data, const PeerInfo& peer)>;
 
 struct ConnectOptions {
-  int streams = 8;  // data sockets besides the control socket per local lane; 0 for control-only connections
+  int streams = 8;  // data sockets besides the control socket per local NIC; 0 for control-only connections
   StreamOptions stream;
-  int16_t railId = -1;  // the device's rail, sent in every hello (a fused device: each lane's own)
+  int16_t railId = -1;  // the device's rail, sent in every hello (a fused device: each NIC's own)
   std::chrono::milliseconds strayTimeout{10000};
   SendCommFactory makeSendComm;
   RecvCommFactory makeRecvComm;
-  // Fused devices: the local NICs. Empty means one lane with railId above and no source binding. Data stream s
-  // leaves from lane s % lanes and goes to the peer's listening address s % (its count); the control socket
-  // uses lane 0 and the peer's first address.
-  std::vector<LocalLane> lanes;
+  // Fused devices: the local NICs. Empty means one NIC with railId above and no source binding. Data stream s
+  // leaves from NIC s % nics and goes to the peer's listening address s % (its count); the control socket
+  // uses NIC 0 and the peer's first address.
+  std::vector<LocalNic> nics;
   // NICs behind the device that the handle and the hello announce to the peer (a fused verbs device's RDMA
   // ports, which share one control address); 0 means 1. The peer reads it as PeerInfo::nicCount.
   uint16_t nicCount = 0;
-  // When set, preferred over makeSendComm / makeRecvComm: the same with the peer's rails.
-  SendCommFactoryWithPeer makeSendCommWithPeer;
-  RecvCommFactoryWithPeer makeRecvCommWithPeer;
 };
 
-// Data streams a connection opens: `streams` per local lane, at most kMaxStreams.
+// Data streams a connection opens: `streams` per local NIC, at most kMaxStreams.
 int dataStreamCount(const ConnectOptions& options);
 
-class TcpListenComm final : public ListenComm {
+class HandshakeListener final : public ListenComm {
  public:
-  TcpListenComm(const SocketAddress& address, const ConnectOptions& options, Handle* handle);
+  HandshakeListener(const SocketAddress& address, const ConnectOptions& options, Handle* handle);
   // A fused device: one listening socket per NIC (port 0 in each address picks one); data stream s of a
   // connection must arrive on listener s % addresses.size(), the control socket on the first.
-  TcpListenComm(const std::vector<LaneAddress>& addresses, const ConnectOptions& options, Handle* handle);
+  HandshakeListener(const std::vector<ListenAddress>& addresses, const ConnectOptions& options, Handle* handle);
   void accept(std::unique_ptr<RecvComm>* comm) override;
 
  private:
@@ -101,7 +96,4 @@ class TcpListenComm final : public ListenComm {
 // Leaves *comm empty until every socket is connected and has sent its hello.
 void connectStep(Handle* handle, const ConnectOptions& options, std::unique_ptr<SendComm>* comm);
 
-// Decodes the (first) listen address from a handle; throws ncclInvalidUsage on a malformed handle.
-SocketAddress handleAddress(const Handle& handle);
-
-}  // namespace railnet::tcp
+}  // namespace railnet::protocol

@@ -1,0 +1,128 @@
+#include "proxy/protocol/control_channel.h"
+
+#include <sys/uio.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+
+#include "proxy/protocol/wire.h"
+#include "railnet/error.h"
+#include "railnet/log.h"
+
+namespace railnet::protocol {
+
+bool isRemoteErrno(int err) {
+  switch (err) {
+    case ECONNRESET:
+    case ECONNREFUSED:
+    case ECONNABORTED:
+    case EPIPE:
+    case ETIMEDOUT:
+    case EHOSTUNREACH:
+    case EHOSTDOWN:
+    case ENETUNREACH:
+    case ENETDOWN:
+    case ENETRESET:
+      return true;
+    default:
+      return false;
+  }
+}
+
+ControlChannel::ControlChannel(Fd fd, const SocketAddress& peer, const char* direction)
+    : fd_(std::move(fd)), peerName_(peer.toString()), direction_(direction) {}
+
+void ControlChannel::recordSocketFailure(const char* what, ssize_t result) {
+  const int err = static_cast<int>(-result);
+  recordFailure(std::string(what) + ": " + errnoText(err), isRemoteErrno(err) ? FailureKind::kRemote : FailureKind::kLocal);
+}
+
+void ControlChannel::send(const void* first, size_t firstSize, const void* second, size_t secondSize) {
+  const char* a = static_cast<const char*>(first);
+  const char* b = static_cast<const char*>(second);
+  if (outputSent_ == output_.size() && !failed()) {
+    // Nothing queued: write directly, so an inline message costs one syscall and no copy.
+    output_.clear();
+    outputSent_ = 0;
+    iovec iov[2] = {{const_cast<char*>(a), firstSize}, {const_cast<char*>(b), secondSize}};
+    ssize_t sent = writeVector(fd_.get(), iov, secondSize > 0 ? 2 : 1);
+    if (sent < 0) {
+      recordSocketFailure("control connection", sent);
+      return;
+    }
+    size_t done = static_cast<size_t>(sent);
+    size_t fromFirst = std::min(done, firstSize);
+    a += fromFirst;
+    firstSize -= fromFirst;
+    done -= fromFirst;
+    b += done;
+    secondSize -= done;
+  }
+  output_.insert(output_.end(), a, a + firstSize);
+  if (secondSize > 0) output_.insert(output_.end(), b, b + secondSize);
+}
+
+ssize_t ControlChannel::read() {
+  constexpr size_t kInputBytes = 64 * 1024;
+  if (input_.empty()) input_.resize(kInputBytes);
+  if (inputBegin_ == inputEnd_) {
+    inputBegin_ = inputEnd_ = 0;
+  } else if (inputBegin_ > 0 && input_.size() - inputEnd_ < sizeof(ClearToSendEntry) * 16) {
+    // Keep room for at least a whole frame header and its entries at the end.
+    std::memmove(input_.data(), input_.data() + inputBegin_, inputEnd_ - inputBegin_);
+    inputEnd_ -= inputBegin_;
+    inputBegin_ = 0;
+  }
+  size_t room = input_.size() - inputEnd_;
+  ssize_t got = readSome(fd_.get(), input_.data() + inputEnd_, room);
+  lastReadFilled_ = got > 0 && static_cast<size_t>(got) == room;
+  if (got > 0) inputEnd_ += static_cast<size_t>(got);
+  return got;
+}
+
+void ControlChannel::consume(size_t bytes) { inputBegin_ += bytes; }
+
+bool ControlChannel::flush() {
+  while (outputSent_ < output_.size()) {
+    ssize_t sent = writeSome(fd_.get(), output_.data() + outputSent_, output_.size() - outputSent_);
+    if (sent == 0) return true;
+    if (sent < 0) {
+      recordSocketFailure("control connection", sent);
+      return false;
+    }
+    outputSent_ += static_cast<size_t>(sent);
+  }
+  output_.clear();
+  outputSent_ = 0;
+  return true;
+}
+
+void ControlChannel::recordFailure(const std::string& why, FailureKind kind) {
+  {
+    std::lock_guard<std::mutex> lock(failureMutex_);
+    if (!failure_.empty()) return;
+    failure_ = why;
+    failureKind_ = kind;
+  }
+  failed_.store(true, std::memory_order_release);
+}
+
+ncclResult_t ControlChannel::reportFailure() {
+  FailureKind kind;
+  {
+    std::lock_guard<std::mutex> lock(failureMutex_);
+    kind = failureKind_;
+  }
+  if (!reported_.exchange(true)) {
+    RN_WARN("NET/railnet: %s connection with %s failed: %s", direction_, peerName_.c_str(), failure().c_str());
+  }
+  return kind == FailureKind::kRemote ? ncclRemoteError : ncclSystemError;
+}
+
+std::string ControlChannel::failure() const {
+  std::lock_guard<std::mutex> lock(failureMutex_);
+  return failure_;
+}
+
+}  // namespace railnet::protocol

@@ -1,0 +1,175 @@
+// The receive side of the protocol, one for both transports: the ring of posted receives (irecv) that chunks,
+// notices, inline frames and oversize frames are matched against by receive id, and how a receive completes.
+//
+// Receives are numbered per connection (recvId); entry recvId % kEntries serves receive recvId. NCCL keeps at
+// most 32 receives in flight, so 64 entries never run out in practice (irecv answers "not yet" if they do).
+// Threads: post/finish run under the comm's lock; find/destination/addBytes may run on helper threads (TCP), so
+// an entry is published with a release store of its recvId after its buffers are set, and bytes and pending
+// counts are atomics.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <string>
+
+#include "proxy/protocol/wire.h"
+#include "railnet/log.h"
+#include "railnet/nccl/common.h"
+
+namespace railnet::protocol {
+
+// One buffer of a grouped receive.
+struct ReceiveBuffer {
+  char* data = nullptr;
+  uint64_t capacity = 0;
+  int tag = 0;
+  std::atomic<uint64_t> received{0};
+  std::atomic<uint64_t> size{0};  // the message's size once complete
+};
+
+// A posted receive: what an entry of the ring holds. Transports derive their receive request from it.
+class PostedReceive {
+ public:
+  int count() const { return count_; }
+  ReceiveBuffer& buffer(int index) { return buffers_[index]; }
+  const ReceiveBuffer& buffer(int index) const { return buffers_[index]; }
+  bool complete() const { return pendingBuffers_.load(std::memory_order_acquire) == 0; }
+
+ private:
+  template <class Entry>
+  friend class ReceiveRing;
+  std::atomic<uint32_t> postedId_{UINT32_MAX};  // the receive this entry serves; UINT32_MAX when free
+  int count_ = 0;
+  ReceiveBuffer buffers_[kMaxRecvs];
+  std::atomic<int> pendingBuffers_{0};
+  std::atomic<bool> oversize_{false};
+  bool inUse_ = false;  // guarded by the comm's lock
+};
+
+// irecv's argument check, shared by both transports: 1..kMaxRecvs buffers. Logs why not.
+inline bool validReceiveCount(int n, const std::string& peer) {
+  if (n >= 1 && n <= kMaxRecvs) return true;
+  RN_WARN("NET/railnet: irecv of %d buffers from %s; railnet takes 1 to %d", n, peer.c_str(), kMaxRecvs);
+  return false;
+}
+
+template <class Entry>
+class ReceiveRing {
+ public:
+  static constexpr uint32_t kEntries = 2 * NCCL_NET_MAX_REQUESTS;
+
+  // Runs once per entry, e.g. to point it at its comm.
+  template <class Prepare>
+  void prepare(Prepare&& prepareEntry) {
+    for (Entry& entry : entries_) prepareEntry(entry);
+  }
+
+  // irecv, under the comm's lock: the receive id the next post() takes, and whether its entry is free.
+  uint32_t nextId() const { return nextId_; }
+  bool full() const { return entries_[nextId_ % kEntries].inUse_; }
+
+  // irecv, under the comm's lock: fills the next entry and publishes it (release), so a helper thread may
+  // place the first chunk right after; nullptr when every entry is in flight (answer "not yet").
+  Entry* post(int n, void* const* data, const size_t* sizes, const int* tags) {
+    Entry& entry = entries_[nextId_ % kEntries];
+    if (entry.inUse_) return nullptr;
+    entry.count_ = n;
+    for (int i = 0; i < n; ++i) {
+      ReceiveBuffer& buffer = entry.buffers_[i];
+      buffer.data = static_cast<char*>(data[i]);
+      buffer.capacity = sizes[i];
+      buffer.tag = tags != nullptr ? tags[i] : 0;
+      buffer.received.store(0, std::memory_order_relaxed);
+      buffer.size.store(0, std::memory_order_relaxed);
+    }
+    entry.oversize_.store(false, std::memory_order_relaxed);
+    entry.pendingBuffers_.store(n, std::memory_order_relaxed);
+    entry.inUse_ = true;
+    entry.postedId_.store(nextId_, std::memory_order_release);
+    ++nextId_;
+    return &entry;
+  }
+
+  // Undoes the last post() when its clear-to-send could not be sent. Under the comm's lock.
+  void unpost(Entry& entry) {
+    entry.postedId_.store(UINT32_MAX, std::memory_order_relaxed);
+    entry.inUse_ = false;
+    --nextId_;
+  }
+
+  // The clear-to-send frame header and the entries' tag and capacity for a posted receive (address and rkeys
+  // are the transport's to add).
+  static FrameHeader clearToSend(const Entry& entry, uint32_t recvId, uint16_t extraKeys, ClearToSendEntry* out) {
+    for (int i = 0; i < entry.count_; ++i) {
+      out[i] = ClearToSendEntry{};
+      out[i].tag = entry.buffers_[i].tag;
+      out[i].capacity = entry.buffers_[i].capacity;
+    }
+    return FrameHeader{static_cast<uint8_t>(FrameType::kClearToSend), static_cast<uint8_t>(entry.count_), extraKeys,
+                       recvId, 0};
+  }
+
+  // Any thread: the posted receive `recvId` when it has buffer `index`, else nullptr (acquire).
+  Entry* find(uint32_t recvId, int index) {
+    Entry& entry = entries_[recvId % kEntries];
+    if (entry.postedId_.load(std::memory_order_acquire) != recvId || index < 0 || index >= entry.count_) return nullptr;
+    return &entry;
+  }
+
+  // Any thread: where a chunk's payload goes, or nullptr when the chunk names no posted buffer or does not fit.
+  char* destination(const ChunkHeader& header) {
+    Entry* entry = find(header.recvId, header.slot);
+    if (entry == nullptr) return nullptr;
+    const ReceiveBuffer& buffer = entry->buffers_[header.slot];
+    if (header.messageSize > buffer.capacity || header.offset > header.messageSize ||
+        header.length > header.messageSize - header.offset) {
+      return nullptr;
+    }
+    return buffer.data + header.offset;
+  }
+
+  // Any thread, after destination() accepted the chunk and its bytes landed: counts them, and completes the
+  // buffer when the whole message is in.
+  void addBytes(const ChunkHeader& header) {
+    Entry& entry = entries_[header.recvId % kEntries];
+    ReceiveBuffer& buffer = entry.buffers_[header.slot];
+    const uint64_t before = buffer.received.fetch_add(header.length, std::memory_order_acq_rel);
+    if (before + header.length == header.messageSize) completeBuffer(entry, header.slot, header.messageSize);
+  }
+
+  static void completeBuffer(Entry& entry, int index, uint64_t size) {
+    entry.buffers_[index].size.store(size, std::memory_order_relaxed);
+    entry.pendingBuffers_.fetch_sub(1, std::memory_order_acq_rel);
+  }
+
+  // An oversize frame: the sender's message did not fit the buffer. Logs it and completes the buffer with 0
+  // bytes; the receive then fails with ncclInvalidUsage. False (nothing changed) when the frame names no
+  // posted buffer: a protocol error for the caller to record.
+  bool applyOversize(const FrameHeader& frame, const std::string& peer) {
+    Entry* entry = find(frame.recvId, frame.slot);
+    if (entry == nullptr) return false;
+    const ReceiveBuffer& buffer = entry->buffers_[frame.slot];
+    RN_WARN("NET/railnet: %s sent %lu bytes (tag %d) into a receive buffer of %lu bytes", peer.c_str(),
+            static_cast<unsigned long>(frame.size), buffer.tag, static_cast<unsigned long>(buffer.capacity));
+    entry->oversize_.store(true, std::memory_order_relaxed);
+    completeBuffer(*entry, frame.slot, 0);
+    return true;
+  }
+
+  // test() of a complete receive, under the comm's lock: sizes, the entry freed for reuse, and the result.
+  static ncclResult_t finish(Entry& entry, int* sizes) {
+    if (sizes != nullptr) {
+      for (int i = 0; i < entry.count_; ++i) sizes[i] = static_cast<int>(entry.buffers_[i].size.load(std::memory_order_relaxed));
+    }
+    const bool oversize = entry.oversize_.load(std::memory_order_relaxed);
+    entry.postedId_.store(UINT32_MAX, std::memory_order_relaxed);
+    entry.inUse_ = false;
+    return oversize ? ncclInvalidUsage : ncclSuccess;
+  }
+
+ private:
+  Entry entries_[kEntries];
+  uint32_t nextId_ = 0;  // guarded by the comm's lock
+};
+
+}  // namespace railnet::protocol

@@ -1,0 +1,46 @@
+// The data streams of one TCP connection (RAILNET_TCP_STREAMS sockets per local NIC) and their place in the
+// progress engine, plus which NIC's counters each stream adds to.
+#pragma once
+
+#include <memory>
+#include <vector>
+
+#include "proxy/nic_counters.h"
+#include "proxy/progress/engine.h"
+#include "proxy/tcp/stream.h"
+
+namespace railnet::tcp {
+
+// The local NICs of a comm's device and their counters. Data stream s uses NIC s % nics.size(); the control
+// channel uses NIC 0. One NIC for a physical device, one per child for a fused one.
+struct NicLayout {
+  std::vector<NicCounters*> nics;  // empty: one NIC, nothing counted
+  uint64_t minStripeBytes = 0;     // sender of a fused device: planStripes' threshold (protocol/stripe_plan.h)
+};
+
+class DataStreams {
+ public:
+  explicit DataStreams(std::vector<Fd> sockets) : pending_(std::move(sockets)) {}
+  ~DataStreams() { stop(); }
+  DataStreams(const DataStreams&) = delete;
+  DataStreams& operator=(const DataStreams&) = delete;
+
+  // Stream s counts on layout.nics[s % nics]; call before start().
+  void setCounters(const NicLayout& layout);
+  // Hands the streams to the progress engine; call once the owner is fully constructed.
+  void start(StreamOwner* owner);
+  // Takes the streams back; after it returns no helper calls the owner.
+  void stop();
+
+  int count() const { return static_cast<int>(started_ ? streams_.size() : pending_.size()); }
+  Stream& operator[](int index) { return *streams_[static_cast<size_t>(index)]; }
+
+ private:
+  std::vector<Fd> pending_;  // sockets until start()
+  std::vector<NicCounters*> counters_;
+  std::shared_ptr<progress::Engine> engine_;
+  std::vector<std::unique_ptr<Stream>> streams_;
+  bool started_ = false;
+};
+
+}  // namespace railnet::tcp

@@ -1,0 +1,145 @@
+#include "proxy/tcp/stream.h"
+
+#include <sys/uio.h>
+
+#include <algorithm>
+
+#include "railnet/error.h"
+
+namespace railnet::tcp {
+
+using protocol::kEndOfStream;
+using protocol::readSome;
+using protocol::writeVector;
+
+Stream::Stream(Fd fd, StreamOwner* owner, int index, NicCounters* counters)
+    : fd_(std::move(fd)), owner_(owner), index_(index), counters_(counters) {}
+
+void Stream::enqueue(const SendOp& op) {
+  {
+    std::lock_guard<std::mutex> lock(queueMutex_);
+    queue_.push_back(op);
+  }
+  queuedBytes_.fetch_add(op.header.length, std::memory_order_relaxed);
+  wake();
+}
+
+void Stream::fail(const char* why, int err, bool endOfStream) {
+  if (!dead_.exchange(true)) owner_->streamFailed(index_, why, err, endOfStream);
+}
+
+void Stream::failWith(const char* why, int err) noexcept { fail(why, err, false); }
+
+void Stream::markReady(bool readable, bool writable) noexcept {
+  if (readable) readable_ = true;
+  if (writable) writable_ = true;
+}
+
+uint64_t Stream::progress() noexcept {
+  if (dead_.load(std::memory_order_relaxed)) return 0;
+  uint64_t moved = progressReceive();
+  if (!dead_.load(std::memory_order_relaxed)) moved += progressSend();
+  return moved;
+}
+
+uint64_t Stream::progressSend() {
+  uint64_t moved = 0;
+  while (writable_) {
+    if (sending_.empty()) {
+      std::lock_guard<std::mutex> lock(queueMutex_);
+      if (queue_.empty()) break;
+      sending_.swap(queue_);
+    }
+    // Gather the head of the queue into one sendmsg: fewer syscalls for runs of chunks.
+    constexpr int kMaxIov = 16;
+    iovec iov[kMaxIov];
+    int count = 0;
+    uint64_t done = sentOfFront_;  // only the front op can be partly written
+    for (const SendOp& op : sending_) {
+      if (count + 2 > kMaxIov) break;
+      auto* header = reinterpret_cast<char*>(const_cast<ChunkHeader*>(&op.header));
+      if (done < sizeof(ChunkHeader)) {
+        iov[count++] = {header + done, sizeof(ChunkHeader) - done};
+        done = 0;
+      } else {
+        done -= sizeof(ChunkHeader);
+      }
+      if (op.header.length > done) iov[count++] = {const_cast<char*>(op.data) + done, op.header.length - done};
+      done = 0;
+    }
+    ssize_t sent = writeVector(fd_.get(), iov, count);
+    if (sent == 0) {
+      writable_ = false;
+      break;
+    }
+    if (sent < 0) {
+      fail(errnoText(static_cast<int>(-sent)).c_str(), static_cast<int>(-sent), false);
+      return moved;
+    }
+    moved += static_cast<uint64_t>(sent);
+    for (uint64_t left = static_cast<uint64_t>(sent); left > 0;) {
+      SendOp& front = sending_.front();
+      uint64_t total = sizeof(ChunkHeader) + front.header.length;
+      uint64_t take = std::min(left, total - sentOfFront_);
+      sentOfFront_ += take;
+      left -= take;
+      if (sentOfFront_ < total) break;
+      queuedBytes_.fetch_sub(front.header.length, std::memory_order_relaxed);
+      if (counters_ != nullptr) counters_->addSent(front.header.length);
+      front.pending->fetch_sub(1, std::memory_order_release);
+      sending_.pop_front();
+      sentOfFront_ = 0;
+    }
+  }
+  return moved;
+}
+
+uint64_t Stream::progressReceive() {
+  uint64_t moved = 0;
+  while (readable_) {
+    ssize_t got;
+    if (!inPayload_) {
+      char* header = reinterpret_cast<char*>(&incoming_);
+      got = readSome(fd_.get(), header + headerBytes_, sizeof(ChunkHeader) - headerBytes_);
+    } else {
+      got = readSome(fd_.get(), destination_ + (incoming_.length - payloadLeft_), payloadLeft_);
+    }
+    if (got == 0) {
+      readable_ = false;
+      break;
+    }
+    if (got == kEndOfStream) {
+      bool clean = !inPayload_ && headerBytes_ == 0;
+      fail(clean ? "peer closed the stream" : "peer closed the stream in the middle of a chunk", 0, clean);
+      return moved;
+    }
+    if (got < 0) {
+      fail(errnoText(static_cast<int>(-got)).c_str(), static_cast<int>(-got), false);
+      return moved;
+    }
+    moved += static_cast<uint64_t>(got);
+    if (!inPayload_) {
+      headerBytes_ += static_cast<uint64_t>(got);
+      if (headerBytes_ < sizeof(ChunkHeader)) continue;
+      headerBytes_ = 0;
+      destination_ = owner_->resolveChunk(incoming_);
+      if (destination_ == nullptr) {
+        fail("received a chunk that matches no posted receive", 0, false);
+        return moved;
+      }
+      payloadLeft_ = incoming_.length;
+      inPayload_ = payloadLeft_ > 0;
+      if (counters_ != nullptr) counters_->addReceived(incoming_.length);
+      if (!inPayload_) owner_->chunkReceived(incoming_);
+    } else {
+      payloadLeft_ -= static_cast<uint64_t>(got);
+      if (payloadLeft_ == 0) {
+        inPayload_ = false;
+        owner_->chunkReceived(incoming_);
+      }
+    }
+  }
+  return moved;
+}
+
+}  // namespace railnet::tcp
