@@ -13,7 +13,7 @@ ncclResult_t VerbsRecvRequest::test(int* done, int* sizes) noexcept { return com
 VerbsRecvComm::VerbsRecvComm(std::vector<std::shared_ptr<VerbsDevice>> lanes, int peerLanes, protocol::Fd control,
                              const protocol::SocketAddress& peer, const QpOptions& options)
     : link_(std::move(lanes), peerLanes, std::move(control), peer, "receive", options) {
-  for (VerbsRecvRequest& entry : ring_) entry.comm_ = this;
+  ring_.prepare([this](VerbsRecvRequest& entry) { entry.comm_ = this; });
   std::string why;
   flushMode_ = parseFlushMode(settings().ibFlush, &why);
   if (!why.empty()) RN_WARN("NET/railnet: %s", why.c_str());
@@ -81,22 +81,12 @@ bool VerbsRecvComm::sendClearToSend(uint32_t recvId, const void* frame, size_t s
   return true;
 }
 
-void VerbsRecvComm::completeSlot(VerbsRecvRequest& request, int slot, uint64_t size) {
-  request.slots_[slot].size = size;
-  --request.pendingSlots_;
-}
-
 void VerbsRecvComm::applyNotice(int path, const Notice& notice, uint32_t bytes) {
   const protocol::ChunkHeader& header = notice.header;
-  VerbsRecvRequest& request = ring_[header.recvId % kRing];
-  if (request.postedId_ != header.recvId || header.slot >= request.count_) {
+  char* destination = ring_.destination(header);
+  if (destination == nullptr) {
     link_.control().recordFailure("protocol error: a notice for receive " + std::to_string(header.recvId) +
-                                  ", which is not posted");
-    return;
-  }
-  VerbsRecvRequest::Slot& slot = request.slots_[header.slot];
-  if (header.messageSize > slot.capacity || header.offset + header.length > header.messageSize) {
-    link_.control().recordFailure("protocol error: a notice outside the posted buffer");
+                                  " buffer " + std::to_string(header.slot) + " outside what is posted");
     return;
   }
   if (carriesPayload(header)) {
@@ -105,11 +95,10 @@ void VerbsRecvComm::applyNotice(int path, const Notice& notice, uint32_t bytes) 
       link_.control().recordFailure("protocol error: a notice with a malformed payload");
       return;
     }
-    memcpy(slot.data + header.offset, notice.payload, header.length);
+    memcpy(destination, notice.payload, header.length);
   }
-  slot.received += header.length;
   link_.counters(path).addReceived(header.length);
-  if (slot.received == header.messageSize) completeSlot(request, header.slot, header.messageSize);
+  ring_.addBytes(header);
 }
 
 void VerbsRecvComm::pollCompletions() {
@@ -132,17 +121,12 @@ void VerbsRecvComm::pumpControl() {
       protocol::FrameHeader frame;
       memcpy(&frame, control.data(), sizeof(frame));
       control.consume(sizeof(frame));
-      VerbsRecvRequest& request = ring_[frame.recvId % kRing];
-      if (frame.type != static_cast<uint8_t>(protocol::FrameType::kOversize) || request.postedId_ != frame.recvId ||
-          frame.slot >= request.count_) {
+      // After the QP handshake the control channel carries only oversize notices (receive_ring.h).
+      if (frame.type != static_cast<uint8_t>(protocol::FrameType::kOversize) ||
+          !ring_.applyOversize(frame, control.peerName())) {
         control.recordFailure("protocol error: unexpected control frame type " + std::to_string(frame.type));
         return;
       }
-      RN_WARN("NET/railnet: %s sent %lu bytes (tag %d) into a receive buffer of %lu bytes", control.peerName().c_str(),
-              static_cast<unsigned long>(frame.size), request.slots_[frame.slot].tag,
-              static_cast<unsigned long>(request.slots_[frame.slot].capacity));
-      request.oversize_ = true;
-      completeSlot(request, frame.slot, 0);
     }
     ssize_t got = control.read();
     if (got == 0) return;
@@ -161,26 +145,19 @@ ncclResult_t VerbsRecvComm::irecv(int n, void** data, const size_t* sizes, const
                                   Request** request) noexcept {
   *request = nullptr;
   protocol::ControlChannel& control = link_.control();
-  if (n < 1 || n > protocol::kMaxRecvs) {
-    RN_WARN("NET/railnet: irecv of %d buffers from %s; railnet takes 1 to %d", n, control.peerName().c_str(),
-            protocol::kMaxRecvs);
-    return ncclInvalidUsage;
-  }
+  if (!protocol::validReceiveCount(n, control.peerName())) return ncclInvalidUsage;
   std::lock_guard<std::mutex> lock(mutex_);
   if (control.failed() || !link_.ready()) return control.failed() ? control.reportFailure() : ncclSuccess;
   if (controlClosed_) {
     control.recordFailure("the sender closed the connection");
     return control.reportFailure();
   }
-  VerbsRecvRequest& entry = ring_[nextRecvId_ % kRing];
-  if (entry.inUse_) return ncclSuccess;
-  // Each path writes through its own lane's registration: one rkey per path, the first in the entry and the
-  // others after the entries (tcp/wire.h, ClearToSendEntry).
+  if (ring_.full()) return ncclSuccess;
+  // Each path writes through its own NIC's registration: one rkey per path, the first in the entry and the
+  // others after the entries (protocol/wire.h, ClearToSendEntry).
   const int extraKeys = link_.paths() - 1;
-  protocol::FrameHeader header{static_cast<uint8_t>(protocol::FrameType::kClearToSend), static_cast<uint8_t>(n),
-                          static_cast<uint16_t>(extraKeys), nextRecvId_, 0};
-  protocol::ClearToSendEntry entries[protocol::kMaxRecvs]{};
   uint32_t keys[protocol::kMaxRecvs * (kMaxPaths - 1)]{};
+  uint32_t firstKeys[protocol::kMaxRecvs]{};
   for (int i = 0; i < n; ++i) {
     auto* region = mrs != nullptr ? dynamic_cast<LinkRegion*>(mrs[i]) : nullptr;
     if (region == nullptr && sizes[i] > 0) {
@@ -194,15 +171,16 @@ ncclResult_t VerbsRecvComm::irecv(int n, void** data, const size_t* sizes, const
     for (int path = 1; path <= extraKeys; ++path) {
       keys[i * extraKeys + path - 1] = region != nullptr ? region->lane(link_.laneOf(path)).rkey() : 0;
     }
-    entry.slots_[i] = {static_cast<char*>(data[i]), sizes[i], tags != nullptr ? tags[i] : 0, 0, 0};
-    entries[i] = {entry.slots_[i].tag, region != nullptr ? region->lane(0).rkey() : 0, sizes[i],
-                  reinterpret_cast<uint64_t>(data[i])};
+    firstKeys[i] = region != nullptr ? region->lane(0).rkey() : 0;
   }
-  entry.count_ = n;
-  entry.pendingSlots_ = n;
-  entry.oversize_ = false;
-  entry.inUse_ = true;
-  entry.postedId_ = nextRecvId_++;
+  const uint32_t recvId = ring_.nextId();
+  VerbsRecvRequest* entry = ring_.post(n, data, sizes, tags);
+  protocol::ClearToSendEntry entries[protocol::kMaxRecvs];
+  const protocol::FrameHeader header = Ring::clearToSend(*entry, recvId, static_cast<uint16_t>(extraKeys), entries);
+  for (int i = 0; i < n; ++i) {
+    entries[i].rkey = firstKeys[i];
+    entries[i].address = reinterpret_cast<uint64_t>(data[i]);
+  }
   char frame[kClearToSendBytes];
   const size_t entryBytes = sizeof(protocol::ClearToSendEntry) * static_cast<size_t>(n);
   const size_t keyBytes = sizeof(uint32_t) * static_cast<size_t>(n * extraKeys);
@@ -210,12 +188,11 @@ ncclResult_t VerbsRecvComm::irecv(int n, void** data, const size_t* sizes, const
   memcpy(frame, &header, sizeof(header));
   memcpy(frame + sizeof(header), entries, entryBytes);
   memcpy(frame + sizeof(header) + entryBytes, keys, keyBytes);
-  if (!sendClearToSend(header.recvId, frame, sizeof(header) + entryBytes + keyBytes)) {
-    entry.inUse_ = false;
-    entry.postedId_ = UINT32_MAX;
+  if (!sendClearToSend(recvId, frame, sizeof(header) + entryBytes + keyBytes)) {
+    ring_.unpost(*entry);
     return control.reportFailure();
   }
-  *request = &entry;
+  *request = entry;
   return ncclSuccess;
 }
 
@@ -338,9 +315,9 @@ ncclResult_t VerbsRecvComm::testRequest(VerbsRecvRequest* request, int* done, in
   std::lock_guard<std::mutex> lock(mutex_);
   protocol::ControlChannel& control = link_.control();
   pollCompletions();
-  if (request->pendingSlots_ != 0) {
+  if (!request->complete()) {
     pumpControl();
-    if (request->pendingSlots_ != 0) {
+    if (!request->complete()) {
       // The CQ was drained first, so a sender that finished and closed cannot be mistaken for a dead one.
       if (controlClosed_ && !control.failed()) {
         control.recordFailure("the sender closed the connection before this receive completed");
@@ -349,12 +326,7 @@ ncclResult_t VerbsRecvComm::testRequest(VerbsRecvRequest* request, int* done, in
     }
   }
   *done = 1;
-  if (sizes != nullptr) {
-    for (int i = 0; i < request->count_; ++i) sizes[i] = static_cast<int>(request->slots_[i].size);
-  }
-  request->postedId_ = UINT32_MAX;
-  request->inUse_ = false;
-  return request->oversize_ ? ncclInvalidUsage : ncclSuccess;
+  return Ring::finish(*request, sizes);
 }
 
 }  // namespace railnet::verbs

@@ -6,6 +6,7 @@
 #include <mutex>
 #include <vector>
 
+#include "proxy/protocol/receive_ring.h"
 #include "proxy/protocol/wire.h"
 #include "proxy/verbs/flush.h"
 #include "proxy/verbs/notice.h"
@@ -15,27 +16,13 @@ namespace railnet::verbs {
 
 class VerbsRecvComm;
 
-class VerbsRecvRequest final : public Request {
+class VerbsRecvRequest final : public Request, public protocol::PostedReceive {
  public:
   ncclResult_t test(int* done, int* sizes) noexcept override;
 
  private:
   friend class VerbsRecvComm;
-  struct Slot {
-    char* data = nullptr;
-    uint64_t capacity = 0;
-    int tag = 0;
-    uint64_t received = 0;
-    uint64_t size = 0;
-  };
-  // All fields are guarded by the comm's mutex: only test() and irecv() touch them.
   VerbsRecvComm* comm_ = nullptr;
-  uint32_t postedId_ = UINT32_MAX;
-  int count_ = 0;
-  Slot slots_[protocol::kMaxRecvs];
-  int pendingSlots_ = 0;
-  bool oversize_ = false;
-  bool inUse_ = false;
 };
 
 // An iflush in flight: done when its READ completes on the comm's loopback QP.
@@ -69,7 +56,8 @@ class VerbsRecvComm final : public RecvComm {
   friend class VerbsFlushRequest;
   ncclResult_t testFlush(VerbsFlushRequest* request, int* done) noexcept;
   void pollFlush();  // caller holds mutex_
-  static constexpr uint32_t kRing = 2 * NCCL_NET_MAX_REQUESTS;
+  using Ring = protocol::ReceiveRing<VerbsRecvRequest>;
+  static constexpr uint32_t kRing = Ring::kEntries;
   // Chunk-header buffers posted per QP: at most 32 receives x 8 buffers of notices can be outstanding.
   static constexpr int kNoticesPerQp = NCCL_NET_MAX_REQUESTS * protocol::kMaxRecvs;
 
@@ -78,7 +66,6 @@ class VerbsRecvComm final : public RecvComm {
   void pollCompletions();
   void applyNotice(int path, const Notice& notice, uint32_t bytes);
   void pumpControl();
-  void completeSlot(VerbsRecvRequest& request, int slot, uint64_t size);
   bool sendClearToSend(uint32_t recvId, const void* frame, size_t size);
 
   std::mutex mutex_;
@@ -89,8 +76,7 @@ class VerbsRecvComm final : public RecvComm {
   std::vector<char> ctsFrames_;  // one outgoing clear-to-send frame per receive-ring entry
   std::unique_ptr<LinkRegion> ctsRegion_;
   VerbsLink link_;
-  VerbsRecvRequest ring_[kRing];
-  uint32_t nextRecvId_ = 0;
+  Ring ring_;  // posted receives (protocol/receive_ring.h); touched under mutex_ only
   bool controlClosed_ = false;
   // iflush (guarded by mutex_): one loopback QP per lane, created on the first flush; a flush READs through
   // every lane, as each NIC only orders its own writes. After a failed READ a QP is retired (polled until its
