@@ -16,7 +16,7 @@ using protocol::FrameHeader;
 using protocol::FrameType;
 using protocol::kEndOfStream;
 using protocol::kMaxRecvs;
-using protocol::kMaxStripeLanes;
+using protocol::kMaxStripeNics;
 using protocol::Stripe;
 
 namespace {
@@ -38,7 +38,7 @@ TcpSendComm::TcpSendComm(Fd control, std::vector<Fd> data, const protocol::Socke
   streams_.setCounters(layout);
   streams_.start(this);
   nics_ = std::clamp(static_cast<int>(layout.nics.size()), 1, std::max(1, streams_.count()));
-  nics_ = std::min(nics_, kMaxStripeLanes);
+  nics_ = std::min(nics_, kMaxStripeNics);
   minStripeBytes_ = layout.minStripeBytes;
 }
 
@@ -169,21 +169,21 @@ void TcpSendComm::sendStreamed(SendRequest* request, const char* data, uint64_t 
 }
 
 void TcpSendComm::sendStriped(SendRequest* request, const char* data, uint64_t size, uint32_t recvId, int slot) {
-  Stripe stripes[kMaxStripeLanes];
+  Stripe stripes[kMaxStripeNics];
   const int count = protocol::planStripes(size, nics_, stripedMessages_++, minStripeBytes_, stripes);
   const int streams = streams_.count();
-  uint64_t chunkOf[kMaxStripeLanes];
+  uint64_t chunkOf[kMaxStripeNics];
   int total = 0;
   for (int i = 0; i < count; ++i) {
     // Streams of NIC l: l, l + nics_, l + 2 nics_, ...
-    const int nicStreams = (streams - stripes[i].lane + nics_ - 1) / nics_;
+    const int nicStreams = (streams - stripes[i].nic + nics_ - 1) / nics_;
     chunkOf[i] = protocol::chunkSizeFor(stripes[i].bytes, nicStreams, minChunkBytes_);
     total += static_cast<int>((stripes[i].bytes + chunkOf[i] - 1) / chunkOf[i]);
   }
   // Every chunk is counted before the first is queued: a worker may finish one at once.
   request->pendingChunks_.store(total, std::memory_order_relaxed);
   for (int i = 0; i < count; ++i) {
-    enqueueChunks(request, data, size, stripes[i].offset, stripes[i].bytes, chunkOf[i], stripes[i].lane, nics_,
+    enqueueChunks(request, data, size, stripes[i].offset, stripes[i].bytes, chunkOf[i], stripes[i].nic, nics_,
                   recvId, slot);
   }
 }

@@ -26,7 +26,7 @@ struct QpInfo {
   uint8_t mtu;  // ibv_mtu
   uint8_t gid[16];
   int16_t railId;  // the sender's DeviceInfo::railId (NCCL_NET_ID_UNDEF when unknown)
-  uint8_t path;    // this record's path of the connection (verbs_link.h), 0..paths-1
+  uint8_t path;    // this record's path of the connection (verbs_connection.h), 0..paths-1
   uint8_t paths;   // the connection's path count as the sender planned it
 };
 static_assert(sizeof(QpInfo) == 68);

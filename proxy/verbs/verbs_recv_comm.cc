@@ -10,53 +10,53 @@ namespace railnet::verbs {
 
 ncclResult_t VerbsRecvRequest::test(int* done, int* sizes) noexcept { return comm_->testRequest(this, done, sizes); }
 
-VerbsRecvComm::VerbsRecvComm(std::vector<std::shared_ptr<VerbsDevice>> lanes, int peerLanes, protocol::Fd control,
+VerbsRecvComm::VerbsRecvComm(std::vector<std::shared_ptr<VerbsDevice>> nics, int peerNics, protocol::Fd control,
                              const protocol::SocketAddress& peer, const QpOptions& options)
-    : link_(std::move(lanes), peerLanes, std::move(control), peer, "receive", options) {
+    : connection_(std::move(nics), peerNics, std::move(control), peer, "receive", options) {
   ring_.prepare([this](VerbsRecvRequest& entry) { entry.comm_ = this; });
   std::string why;
   flushMode_ = parseFlushMode(settings().ibFlush, &why);
   if (!why.empty()) RN_WARN("NET/railnet: %s", why.c_str());
   flushRequests_.resize(64);
   for (VerbsFlushRequest& flush : flushRequests_) flush.comm_ = this;
-  flush_.resize(static_cast<size_t>(link_.lanes()));
+  flush_.resize(static_cast<size_t>(connection_.nics()));
   size_t qps = 0;
-  for (int path = 0; path < link_.paths(); ++path) qps += static_cast<size_t>(link_.qps(path).created());
+  for (int path = 0; path < connection_.paths(); ++path) qps += static_cast<size_t>(connection_.qps(path).created());
   notices_.resize(qps * kNoticesPerQp);
-  noticeRegion_ = link_.registerMemory(notices_.data(), notices_.size() * sizeof(Notice), NCCL_PTR_HOST);
+  noticeRegion_ = connection_.registerMemory(notices_.data(), notices_.size() * sizeof(Notice), NCCL_PTR_HOST);
   ctsFrames_.resize(kRing * kClearToSendBytes);
-  ctsRegion_ = link_.registerMemory(ctsFrames_.data(), ctsFrames_.size(), NCCL_PTR_HOST);
+  ctsRegion_ = connection_.registerMemory(ctsFrames_.data(), ctsFrames_.size(), NCCL_PTR_HOST);
   // Posted before the QPs reach RTR, so no notice can arrive without a buffer.
-  for (int path = 0; path < link_.paths(); ++path) {
-    for (int qp = 0; qp < link_.qps(path).created(); ++qp) {
+  for (int path = 0; path < connection_.paths(); ++path) {
+    for (int qp = 0; qp < connection_.qps(path).created(); ++qp) {
       for (int i = 0; i < kNoticesPerQp; ++i) postNotice(path, qp, i);
     }
   }
 }
 
 std::unique_ptr<MemoryRegion> VerbsRecvComm::regMr(void* data, size_t size, int type) {
-  return link_.registerMemory(data, size, type);
+  return connection_.registerMemory(data, size, type);
 }
 
 std::unique_ptr<MemoryRegion> VerbsRecvComm::regMrDmaBuf(void* data, size_t size, int type, uint64_t offset, int fd) {
-  return link_.registerDmabuf(data, size, type, offset, fd);
+  return connection_.registerDmabuf(data, size, type, offset, fd);
 }
 
 void VerbsRecvComm::postNotice(int path, int qpIndex, int bufferIndex) {
   // Paths before this one hold their QPs' buffers first (every path has the same QP count until connect()
   // lowers it to the peer's, which only leaves buffers at the end unused).
-  size_t index = (static_cast<size_t>(path) * static_cast<size_t>(link_.qps(0).created()) +
+  size_t index = (static_cast<size_t>(path) * static_cast<size_t>(connection_.qps(0).created()) +
                   static_cast<size_t>(qpIndex)) * kNoticesPerQp + static_cast<size_t>(bufferIndex);
   ibv_sge sge{reinterpret_cast<uint64_t>(&notices_[index]), sizeof(Notice),
-              noticeRegion_->lane(link_.laneOf(path)).lkey()};
+              noticeRegion_->nic(connection_.nicOf(path)).lkey()};
   ibv_recv_wr wr{};
   wr.wr_id = index;
   wr.sg_list = &sge;
   wr.num_sge = 1;
   ibv_recv_wr* bad = nullptr;
-  ibv_qp* qp = link_.qps(path).qp(qpIndex);
+  ibv_qp* qp = connection_.qps(path).qp(qpIndex);
   if (int rc = ibv_post_recv(qp, &wr, &bad); rc != 0) {
-    link_.control().recordFailure("ibv_post_recv on QP " + std::to_string(qp->qp_num) + " failed: " + errnoText(rc));
+    connection_.control().recordFailure("ibv_post_recv on QP " + std::to_string(qp->qp_num) + " failed: " + errnoText(rc));
   }
 }
 
@@ -64,7 +64,7 @@ bool VerbsRecvComm::sendClearToSend(uint32_t recvId, const void* frame, size_t s
   // The frame's staging slot belongs to this receive-ring entry, so it is free again by the time the entry is.
   char* staged = &ctsFrames_[(recvId % kRing) * kClearToSendBytes];
   memcpy(staged, frame, size);
-  ibv_sge sge{reinterpret_cast<uint64_t>(staged), static_cast<uint32_t>(size), ctsRegion_->lane(0).lkey()};
+  ibv_sge sge{reinterpret_cast<uint64_t>(staged), static_cast<uint32_t>(size), ctsRegion_->nic(0).lkey()};
   ibv_send_wr wr{};
   wr.wr_id = UINT64_MAX;  // tells pollCompletions this is ours, not a notice buffer
   wr.sg_list = &sge;
@@ -72,9 +72,9 @@ bool VerbsRecvComm::sendClearToSend(uint32_t recvId, const void* frame, size_t s
   wr.opcode = IBV_WR_SEND;
   wr.send_flags = IBV_SEND_SIGNALED;
   ibv_send_wr* bad = nullptr;
-  ibv_qp* qp = link_.qps(0).qp(0);  // path 0, on lane 0: where the sender posted its clear-to-send buffers
+  ibv_qp* qp = connection_.qps(0).qp(0);  // path 0, on nic 0: where the sender posted its clear-to-send buffers
   if (int rc = ibv_post_send(qp, &wr, &bad); rc != 0) {
-    link_.control().recordFailure("ibv_post_send of a clear-to-send on QP " + std::to_string(qp->qp_num) +
+    connection_.control().recordFailure("ibv_post_send of a clear-to-send on QP " + std::to_string(qp->qp_num) +
                                   " failed: " + errnoText(rc));
     return false;
   }
@@ -85,36 +85,36 @@ void VerbsRecvComm::applyNotice(int path, const Notice& notice, uint32_t bytes) 
   const protocol::ChunkHeader& header = notice.header;
   char* destination = ring_.destination(header);
   if (destination == nullptr) {
-    link_.control().recordFailure("protocol error: a notice for receive " + std::to_string(header.recvId) +
+    connection_.control().recordFailure("protocol error: a notice for receive " + std::to_string(header.recvId) +
                                   " buffer " + std::to_string(header.slot) + " outside what is posted");
     return;
   }
   if (carriesPayload(header)) {
     // A small message came inside its notice instead of by RDMA WRITE.
     if (header.length > kEagerBytes || bytes != sizeof(protocol::ChunkHeader) + header.length) {
-      link_.control().recordFailure("protocol error: a notice with a malformed payload");
+      connection_.control().recordFailure("protocol error: a notice with a malformed payload");
       return;
     }
     memcpy(destination, notice.payload, header.length);
   }
-  link_.counters(path).addReceived(header.length);
+  connection_.counters(path).addReceived(header.length);
   ring_.addBytes(header);
 }
 
 void VerbsRecvComm::pollCompletions() {
-  for (int path = 0; path < link_.paths(); ++path) {
-    link_.drainCompletions(path, [&](const ibv_wc& completion) {
+  for (int path = 0; path < connection_.paths(); ++path) {
+    connection_.drainCompletions(path, [&](const ibv_wc& completion) {
       if (completion.opcode == IBV_WC_SEND) return;  // a clear-to-send of ours went out
       size_t index = completion.wr_id;
       applyNotice(path, notices_[index], completion.byte_len);
-      const size_t perPath = static_cast<size_t>(link_.qps(0).created()) * kNoticesPerQp;
+      const size_t perPath = static_cast<size_t>(connection_.qps(0).created()) * kNoticesPerQp;
       postNotice(path, static_cast<int>(index % perPath / kNoticesPerQp), static_cast<int>(index % kNoticesPerQp));
     });
   }
 }
 
 void VerbsRecvComm::pumpControl() {
-  protocol::ControlChannel& control = link_.control();
+  protocol::ControlChannel& control = connection_.control();
   if (controlClosed_ || !control.flush()) return;
   for (;;) {
     while (control.size() >= sizeof(protocol::FrameHeader)) {
@@ -144,10 +144,10 @@ void VerbsRecvComm::pumpControl() {
 ncclResult_t VerbsRecvComm::irecv(int n, void** data, const size_t* sizes, const int* tags, MemoryRegion** mrs,
                                   Request** request) noexcept {
   *request = nullptr;
-  protocol::ControlChannel& control = link_.control();
+  protocol::ControlChannel& control = connection_.control();
   if (!protocol::validReceiveCount(n, control.peerName())) return ncclInvalidUsage;
   std::lock_guard<std::mutex> lock(mutex_);
-  if (control.failed() || !link_.ready()) return control.failed() ? control.reportFailure() : ncclSuccess;
+  if (control.failed() || !connection_.ready()) return control.failed() ? control.reportFailure() : ncclSuccess;
   if (controlClosed_) {
     control.recordFailure("the sender closed the connection");
     return control.reportFailure();
@@ -155,7 +155,7 @@ ncclResult_t VerbsRecvComm::irecv(int n, void** data, const size_t* sizes, const
   if (ring_.full()) return ncclSuccess;
   // Each path writes through its own NIC's registration: one rkey per path, the first in the entry and the
   // others after the entries (protocol/wire.h, ClearToSendEntry).
-  const int extraKeys = link_.paths() - 1;
+  const int extraKeys = connection_.paths() - 1;
   uint32_t keys[protocol::kMaxRecvs * (kMaxPaths - 1)]{};
   uint32_t firstKeys[protocol::kMaxRecvs]{};
   for (int i = 0; i < n; ++i) {
@@ -164,14 +164,14 @@ ncclResult_t VerbsRecvComm::irecv(int n, void** data, const size_t* sizes, const
       RN_WARN("NET/railnet: irecv buffer %d from %s has no verbs memory registration", i, control.peerName().c_str());
       return ncclInvalidUsage;
     }
-    if (region != nullptr && region->lanes() != link_.lanes()) {
+    if (region != nullptr && region->nics() != connection_.nics()) {
       RN_WARN("NET/railnet: irecv buffer %d from %s was registered with another comm", i, control.peerName().c_str());
       return ncclInvalidUsage;
     }
     for (int path = 1; path <= extraKeys; ++path) {
-      keys[i * extraKeys + path - 1] = region != nullptr ? region->lane(link_.laneOf(path)).rkey() : 0;
+      keys[i * extraKeys + path - 1] = region != nullptr ? region->nic(connection_.nicOf(path)).rkey() : 0;
     }
-    firstKeys[i] = region != nullptr ? region->lane(0).rkey() : 0;
+    firstKeys[i] = region != nullptr ? region->nic(0).rkey() : 0;
   }
   const uint32_t recvId = ring_.nextId();
   VerbsRecvRequest* entry = ring_.post(n, data, sizes, tags);
@@ -199,7 +199,7 @@ ncclResult_t VerbsRecvComm::irecv(int n, void** data, const size_t* sizes, const
 ncclResult_t VerbsRecvComm::iflush(int n, void** data, const int* sizes, MemoryRegion** mrs,
                                    Request** request) noexcept {
   *request = nullptr;
-  protocol::ControlChannel& control = link_.control();
+  protocol::ControlChannel& control = connection_.control();
   if (n < 1 || n > protocol::kMaxRecvs || data == nullptr || sizes == nullptr) {
     RN_WARN("NET/railnet: iflush of %d buffers from %s; railnet takes 1 to %d", n, control.peerName().c_str(),
             protocol::kMaxRecvs);
@@ -209,7 +209,7 @@ ncclResult_t VerbsRecvComm::iflush(int n, void** data, const int* sizes, MemoryR
   int last = flushTarget(n, sizes);
   if (last < 0) return ncclSuccess;  // nothing arrived: nothing to make visible
   auto* region = mrs != nullptr ? dynamic_cast<LinkRegion*>(mrs[last]) : nullptr;
-  if (region == nullptr || region->lanes() != link_.lanes()) {
+  if (region == nullptr || region->nics() != connection_.nics()) {
     RN_WARN("NET/railnet: iflush buffer %d from %s has no verbs memory registration of this comm", last,
             control.peerName().c_str());
     return ncclInvalidUsage;
@@ -219,15 +219,15 @@ ncclResult_t VerbsRecvComm::iflush(int n, void** data, const int* sizes, MemoryR
   std::lock_guard<std::mutex> lock(mutex_);
   if (control.failed()) return control.reportFailure();
   pollFlush();
-  for (int lane = 0; lane < link_.lanes(); ++lane) {
-    std::unique_ptr<LoopbackFlush>& qp = flush_[static_cast<size_t>(lane)];
+  for (int nic = 0; nic < connection_.nics(); ++nic) {
+    std::unique_ptr<LoopbackFlush>& qp = flush_[static_cast<size_t>(nic)];
     if (qp && qp->broken()) retiredFlushes_.push_back(std::move(qp));
     if (qp) continue;
     try {
-      qp = std::make_unique<LoopbackFlush>(link_.devicePtr(lane));
+      qp = std::make_unique<LoopbackFlush>(connection_.devicePtr(nic));
     } catch (const std::exception& e) {
       RN_WARN("NET/railnet: iflush for %s: cannot create the loopback QP on %s: %s", control.peerName().c_str(),
-              link_.device(lane).port().info.name.c_str(), e.what());
+              connection_.device(nic).port().info.name.c_str(), e.what());
       return ncclSystemError;
     }
   }
@@ -247,11 +247,11 @@ ncclResult_t VerbsRecvComm::iflush(int n, void** data, const int* sizes, MemoryR
   flush->inUse_ = true;
   flush->pendingReads_ = 0;
   flush->error_.clear();
-  // A NIC orders only its own writes, so a fused comm READs through every lane (as NCCL's merged devices do).
-  for (int lane = 0; lane < link_.lanes(); ++lane) {
+  // A NIC orders only its own writes, so a fused comm READs through every nic (as NCCL's merged devices do).
+  for (int nic = 0; nic < connection_.nics(); ++nic) {
     std::string why;
-    if (!flush_[static_cast<size_t>(lane)]->post(reinterpret_cast<uint64_t>(flush),
-                                                   reinterpret_cast<uint64_t>(data[last]), region->lane(lane).rkey(),
+    if (!flush_[static_cast<size_t>(nic)]->post(reinterpret_cast<uint64_t>(flush),
+                                                   reinterpret_cast<uint64_t>(data[last]), region->nic(nic).rkey(),
                                                    &why)) {
       RN_WARN("NET/railnet: iflush for %s: %s", control.peerName().c_str(), why.c_str());
       if (flush->pendingReads_ == 0) {
@@ -276,10 +276,10 @@ void VerbsRecvComm::pollFlush() {
   };
   std::string why;
   for (const std::unique_ptr<LoopbackFlush>& qp : flush_) {
-    if (qp && !qp->poll(onDone, &why)) link_.control().recordFailure(why);
+    if (qp && !qp->poll(onDone, &why)) connection_.control().recordFailure(why);
   }
   for (size_t i = 0; i < retiredFlushes_.size();) {
-    if (!retiredFlushes_[i]->poll(onDone, &why)) link_.control().recordFailure(why);
+    if (!retiredFlushes_[i]->poll(onDone, &why)) connection_.control().recordFailure(why);
     if (retiredFlushes_[i]->inFlight() == 0) {
       retiredFlushes_.erase(retiredFlushes_.begin() + static_cast<std::ptrdiff_t>(i));
     } else {
@@ -298,12 +298,12 @@ ncclResult_t VerbsRecvComm::testFlush(VerbsFlushRequest* request, int* done) noe
   std::lock_guard<std::mutex> lock(mutex_);
   pollFlush();
   if (request->pendingReads_ > 0) {
-    return link_.control().failed() ? link_.control().reportFailure() : ncclSuccess;
+    return connection_.control().failed() ? connection_.control().reportFailure() : ncclSuccess;
   }
   *done = 1;
   request->inUse_ = false;
   if (!request->error_.empty()) {
-    RN_WARN("NET/railnet: iflush of a receive from %s failed: %s", link_.control().peerName().c_str(),
+    RN_WARN("NET/railnet: iflush of a receive from %s failed: %s", connection_.control().peerName().c_str(),
             request->error_.c_str());
     return ncclSystemError;
   }
@@ -313,7 +313,7 @@ ncclResult_t VerbsRecvComm::testFlush(VerbsFlushRequest* request, int* done) noe
 ncclResult_t VerbsRecvComm::testRequest(VerbsRecvRequest* request, int* done, int* sizes) noexcept {
   *done = 0;
   std::lock_guard<std::mutex> lock(mutex_);
-  protocol::ControlChannel& control = link_.control();
+  protocol::ControlChannel& control = connection_.control();
   pollCompletions();
   if (!request->complete()) {
     pumpControl();

@@ -10,7 +10,7 @@
 #include "proxy/protocol/wire.h"
 #include "proxy/verbs/flush.h"
 #include "proxy/verbs/notice.h"
-#include "proxy/verbs/verbs_link.h"
+#include "proxy/verbs/verbs_connection.h"
 
 namespace railnet::verbs {
 
@@ -35,14 +35,14 @@ class VerbsFlushRequest final : public Request {
   // Guarded by the comm's mutex.
   VerbsRecvComm* comm_ = nullptr;
   bool inUse_ = false;
-  int pendingReads_ = 0;  // one READ per lane of the comm
+  int pendingReads_ = 0;  // one READ per nic of the comm
   std::string error_;     // non-empty: a READ failed
 };
 
 class VerbsRecvComm final : public RecvComm {
  public:
-  // lanes: the device's NICs (one unless fused); peerLanes: the sender's (PeerInfo::nicCount).
-  VerbsRecvComm(std::vector<std::shared_ptr<VerbsDevice>> lanes, int peerLanes, protocol::Fd control,
+  // nics: the device's NICs (one unless fused); peerNics: the sender's (PeerInfo::nicCount).
+  VerbsRecvComm(std::vector<std::shared_ptr<VerbsDevice>> nics, int peerNics, protocol::Fd control,
                 const protocol::SocketAddress& peer, const QpOptions& options);
 
   std::unique_ptr<MemoryRegion> regMr(void* data, size_t size, int type) override;
@@ -75,15 +75,15 @@ class VerbsRecvComm final : public RecvComm {
   static constexpr size_t kClearToSendBytes = 512;  // as the sender's buffers (verbs_send_comm.h)
   std::vector<char> ctsFrames_;  // one outgoing clear-to-send frame per receive-ring entry
   std::unique_ptr<LinkRegion> ctsRegion_;
-  VerbsLink link_;
+  VerbsConnection connection_;
   Ring ring_;  // posted receives (protocol/receive_ring.h); touched under mutex_ only
   bool controlClosed_ = false;
-  // iflush (guarded by mutex_): one loopback QP per lane, created on the first flush; a flush READs through
-  // every lane, as each NIC only orders its own writes. After a failed READ a QP is retired (polled until its
+  // iflush (guarded by mutex_): one loopback QP per nic, created on the first flush; a flush READs through
+  // every nic, as each NIC only orders its own writes. After a failed READ a QP is retired (polled until its
   // other READs have completed with errors, then destroyed) and the next flush gets a fresh one: an iflush that
   // needs a READ never answers NULL, which NCCL would take as "done".
   FlushMode flushMode_;
-  std::vector<std::unique_ptr<LoopbackFlush>> flush_;  // [lane]
+  std::vector<std::unique_ptr<LoopbackFlush>> flush_;  // [NIC]
   std::vector<std::unique_ptr<LoopbackFlush>> retiredFlushes_;
   std::vector<VerbsFlushRequest> flushRequests_;
 };

@@ -16,45 +16,45 @@ constexpr uint64_t kStripeAlign = 128;
 
 ncclResult_t VerbsSendRequest::test(int* done, int* sizes) noexcept { return comm_->testRequest(this, done, sizes); }
 
-VerbsSendComm::VerbsSendComm(std::vector<std::shared_ptr<VerbsDevice>> lanes, int peerLanes, protocol::Fd control,
+VerbsSendComm::VerbsSendComm(std::vector<std::shared_ptr<VerbsDevice>> nics, int peerNics, protocol::Fd control,
                              const protocol::SocketAddress& peer, const QpOptions& options, uint64_t minStripeBytes)
-    : link_(std::move(lanes), peerLanes, std::move(control), peer, "send", options),
+    : connection_(std::move(nics), peerNics, std::move(control), peer, "send", options),
       requests_(kSendRequests, [this](VerbsSendRequest& request) { request.comm_ = this; }),
       minStripeBytes_(minStripeBytes) {
   eagerHeaders_.resize(kSendRequests);
   for (int i = static_cast<int>(kSendRequests) - 1; i >= 0; --i) freeEagerSlots_.push_back(i);
-  eagerRegion_ = link_.registerMemory(eagerHeaders_.data(), eagerHeaders_.size() * sizeof(protocol::ChunkHeader),
+  eagerRegion_ = connection_.registerMemory(eagerHeaders_.data(), eagerHeaders_.size() * sizeof(protocol::ChunkHeader),
                                       NCCL_PTR_HOST);
   ctsBuffers_.resize(kClearToSendBuffers * kClearToSendBytes);
-  ctsRegion_ = link_.registerMemory(ctsBuffers_.data(), ctsBuffers_.size(), NCCL_PTR_HOST);
+  ctsRegion_ = connection_.registerMemory(ctsBuffers_.data(), ctsBuffers_.size(), NCCL_PTR_HOST);
   // Posted before the QPs reach RTR, so no clear-to-send can arrive without a buffer.
   for (size_t i = 0; i < kClearToSendBuffers; ++i) postClearToSendBuffer(i);
 }
 
 void VerbsSendComm::postClearToSendBuffer(size_t index) {
-  // Clear-to-sends travel on path 0, whose QPs are on lane 0.
+  // Clear-to-sends travel on path 0, whose QPs are on nic 0.
   ibv_sge sge{reinterpret_cast<uint64_t>(&ctsBuffers_[index * kClearToSendBytes]), kClearToSendBytes,
-              ctsRegion_->lane(0).lkey()};
+              ctsRegion_->nic(0).lkey()};
   ibv_recv_wr wr{};
   wr.wr_id = index;
   wr.sg_list = &sge;
   wr.num_sge = 1;
   ibv_recv_wr* bad = nullptr;
-  if (int rc = ibv_post_recv(link_.qps(0).qp(0), &wr, &bad); rc != 0) {
-    link_.control().recordFailure("ibv_post_recv of a clear-to-send buffer failed: " + errnoText(rc));
+  if (int rc = ibv_post_recv(connection_.qps(0).qp(0), &wr, &bad); rc != 0) {
+    connection_.control().recordFailure("ibv_post_recv of a clear-to-send buffer failed: " + errnoText(rc));
   }
 }
 
 std::unique_ptr<MemoryRegion> VerbsSendComm::regMr(void* data, size_t size, int type) {
-  return link_.registerMemory(data, size, type);
+  return connection_.registerMemory(data, size, type);
 }
 
 std::unique_ptr<MemoryRegion> VerbsSendComm::regMrDmaBuf(void* data, size_t size, int type, uint64_t offset, int fd) {
-  return link_.registerDmabuf(data, size, type, offset, fd);
+  return connection_.registerDmabuf(data, size, type, offset, fd);
 }
 
 void VerbsSendComm::pumpControl() {
-  protocol::ControlChannel& control = link_.control();
+  protocol::ControlChannel& control = connection_.control();
   if (!control.flush()) return;
   ssize_t got = control.read();
   if (got == protocol::kEndOfStream) {
@@ -67,15 +67,15 @@ void VerbsSendComm::pumpControl() {
 }
 
 void VerbsSendComm::pollCompletions() {
-  for (int path = 0; path < link_.paths(); ++path) {
-    link_.drainCompletions(path, [&](const ibv_wc& completion) {
+  for (int path = 0; path < connection_.paths(); ++path) {
+    connection_.drainCompletions(path, [&](const ibv_wc& completion) {
       if (completion.opcode == IBV_WC_RECV) {
         // A clear-to-send frame from the receiver.
         size_t index = completion.wr_id;
         std::string why;
         long used = posted_.parse(&ctsBuffers_[index * kClearToSendBytes], completion.byte_len, &why);
         if (used != static_cast<long>(completion.byte_len)) {
-          link_.control().recordFailure(used < 0 ? why : "protocol error: a partial clear-to-send frame");
+          connection_.control().recordFailure(used < 0 ? why : "protocol error: a partial clear-to-send frame");
         }
         postClearToSendBuffer(index);
       } else if (completion.wr_id != 0) {
@@ -91,7 +91,7 @@ void VerbsSendComm::pollCompletions() {
 
 bool VerbsSendComm::postEager(VerbsSendRequest* request, int path, const char* data, const LinkRegion* region,
                               uint64_t size, const protocol::ClearToSendQueue::Destination& destination) {
-  const int lane = link_.laneOf(path);
+  const int nic = connection_.nicOf(path);
   int slot = freeEagerSlots_.back();
   freeEagerSlots_.pop_back();
   protocol::ChunkHeader& header = eagerHeaders_[static_cast<size_t>(slot)];
@@ -101,8 +101,8 @@ bool VerbsSendComm::postEager(VerbsSendRequest* request, int path, const char* d
   header.reserved[0] = kPayloadFollows;
   header.messageSize = size;
   header.length = size;
-  ibv_sge sges[2] = {{reinterpret_cast<uint64_t>(&header), sizeof(header), eagerRegion_->lane(lane).lkey()},
-                     {reinterpret_cast<uint64_t>(data), static_cast<uint32_t>(size), region->lane(lane).lkey()}};
+  ibv_sge sges[2] = {{reinterpret_cast<uint64_t>(&header), sizeof(header), eagerRegion_->nic(nic).lkey()},
+                     {reinterpret_cast<uint64_t>(data), static_cast<uint32_t>(size), region->nic(nic).lkey()}};
   ibv_send_wr wr{};
   wr.wr_id = reinterpret_cast<uint64_t>(request);
   wr.sg_list = sges;
@@ -113,12 +113,12 @@ bool VerbsSendComm::postEager(VerbsSendRequest* request, int path, const char* d
   request->eagerSlot_ = slot;
   request->pathBytes_[path] += size;
   ibv_send_wr* bad = nullptr;
-  QueuePairs& qps = link_.qps(path);
+  QueuePairs& qps = connection_.qps(path);
   ibv_qp* qp = qps.qp(static_cast<int>(nextQp_[path]++ % static_cast<uint32_t>(qps.count())));
   if (int rc = ibv_post_send(qp, &wr, &bad); rc != 0) {
     freeEagerSlots_.push_back(slot);
     request->eagerSlot_ = -1;
-    link_.control().recordFailure("ibv_post_send on QP " + std::to_string(qp->qp_num) + " failed: " + errnoText(rc));
+    connection_.control().recordFailure("ibv_post_send on QP " + std::to_string(qp->qp_num) + " failed: " + errnoText(rc));
     return false;
   }
   return true;
@@ -127,9 +127,9 @@ bool VerbsSendComm::postEager(VerbsSendRequest* request, int path, const char* d
 bool VerbsSendComm::postStripes(VerbsSendRequest* request, int path, const char* data, const LinkRegion* region,
                                 uint64_t size, uint64_t offset, uint64_t length,
                                 const protocol::ClearToSendQueue::Destination& destination) {
-  QueuePairs& qps = link_.qps(path);
+  QueuePairs& qps = connection_.qps(path);
   const int qpCount = qps.count();
-  const uint32_t lkey = region != nullptr ? region->lane(link_.laneOf(path)).lkey() : 0;
+  const uint32_t lkey = region != nullptr ? region->nic(connection_.nicOf(path)).lkey() : 0;
   uint64_t perQp = (length + static_cast<uint64_t>(qpCount) - 1) / static_cast<uint64_t>(qpCount);
   uint64_t stripe = std::max(kMinStripe, (perQp + kStripeAlign - 1) / kStripeAlign * kStripeAlign);
   int stripes = length == 0 ? 1 : static_cast<int>((length + stripe - 1) / stripe);
@@ -166,7 +166,7 @@ bool VerbsSendComm::postStripes(VerbsSendRequest* request, int path, const char*
     if (int rc = ibv_post_send(qp, bytes > 0 ? &write : &notice, &bad); rc != 0) {
       // Stripes not posted will never complete: the failure recorded here fails the request in test().
       request->pendingStripes_ -= stripes - k;
-      link_.control().recordFailure("ibv_post_send on QP " + std::to_string(qp->qp_num) + " failed: " + errnoText(rc));
+      connection_.control().recordFailure("ibv_post_send on QP " + std::to_string(qp->qp_num) + " failed: " + errnoText(rc));
       return false;
     }
   }
@@ -176,8 +176,8 @@ bool VerbsSendComm::postStripes(VerbsSendRequest* request, int path, const char*
 ncclResult_t VerbsSendComm::isend(void* data, size_t size, int tag, MemoryRegion* mr, Request** request) noexcept {
   *request = nullptr;
   std::lock_guard<std::mutex> lock(mutex_);
-  protocol::ControlChannel& control = link_.control();
-  if (control.failed() || !link_.ready()) return control.failed() ? control.reportFailure() : ncclSuccess;
+  protocol::ControlChannel& control = connection_.control();
+  if (control.failed() || !connection_.ready()) return control.failed() ? control.reportFailure() : ncclSuccess;
   pollCompletions();
   std::optional<protocol::ClearToSendQueue::Destination> found = posted_.claim(tag);
   if (!found) {
@@ -205,7 +205,7 @@ ncclResult_t VerbsSendComm::isend(void* data, size_t size, int tag, MemoryRegion
     RN_WARN("NET/railnet: more than %zu sends in flight to %s", kSendRequests, control.peerName().c_str());
     return ncclInternalError;
   }
-  if (region != nullptr && region->lanes() != link_.lanes()) {
+  if (region != nullptr && region->nics() != connection_.nics()) {
     RN_WARN("NET/railnet: isend to %s with a memory registration of another comm", control.peerName().c_str());
     requests_.release(sendRequest);
     return ncclInvalidUsage;
@@ -216,14 +216,14 @@ ncclResult_t VerbsSendComm::isend(void* data, size_t size, int tag, MemoryRegion
   const char* bytes = static_cast<const char*>(data);
   // The fusion scheduler (proxy/stripe_plan.h) spreads the message over the paths; with one path it is one
   // stripe, which the path's QPs split further.
-  protocol::Stripe stripes[protocol::kMaxStripeLanes];
-  const int count = protocol::planStripes(size, link_.paths(), messages_++, minStripeBytes_, stripes);
+  protocol::Stripe stripes[protocol::kMaxStripeNics];
+  const int count = protocol::planStripes(size, connection_.paths(), messages_++, minStripeBytes_, stripes);
   bool posted = true;
   if (size > 0 && size <= kEagerBytes && !freeEagerSlots_.empty()) {
-    posted = postEager(sendRequest, stripes[0].lane, bytes, region, size, *found);
+    posted = postEager(sendRequest, stripes[0].nic, bytes, region, size, *found);
   } else {
     for (int i = 0; i < count && posted; ++i) {
-      posted = postStripes(sendRequest, stripes[i].lane, bytes, region, size, stripes[i].offset, stripes[i].bytes,
+      posted = postStripes(sendRequest, stripes[i].nic, bytes, region, size, stripes[i].offset, stripes[i].bytes,
                            *found);
     }
   }
@@ -246,16 +246,16 @@ ncclResult_t VerbsSendComm::testRequest(VerbsSendRequest* request, int* done, in
   pollCompletions();
   if (request->pendingStripes_ == 0) {
     *done = 1;
-    for (int path = 0; path < link_.paths(); ++path) {
-      if (request->pathBytes_[path] != 0) link_.counters(path).addSent(request->pathBytes_[path]);
+    for (int path = 0; path < connection_.paths(); ++path) {
+      if (request->pathBytes_[path] != 0) connection_.counters(path).addSent(request->pathBytes_[path]);
     }
     if (sizes != nullptr) *sizes = static_cast<int>(request->size_);
     requests_.release(request);
     return ncclSuccess;
   }
   // A receiver that died leaves its QPs retrying for seconds; its closed control socket says so at once.
-  if (!link_.control().failed()) pumpControl();
-  return link_.control().failed() ? link_.control().reportFailure() : ncclSuccess;
+  if (!connection_.control().failed()) pumpControl();
+  return connection_.control().failed() ? connection_.control().reportFailure() : ncclSuccess;
 }
 
 }  // namespace railnet::verbs

@@ -10,7 +10,7 @@
 #include "proxy/protocol/clear_to_send.h"
 #include "proxy/protocol/request_pool.h"
 #include "proxy/verbs/notice.h"
-#include "proxy/verbs/verbs_link.h"
+#include "proxy/verbs/verbs_connection.h"
 
 namespace railnet::verbs {
 
@@ -31,9 +31,9 @@ class VerbsSendRequest final : public Request {
 
 class VerbsSendComm final : public SendComm {
  public:
-  // lanes: the device's NICs (one unless fused); peerLanes: the receiver's (PeerInfo::nicCount);
+  // nics: the device's NICs (one unless fused); peerNics: the receiver's (PeerInfo::nicCount);
   // minStripeBytes: the fusion scheduler's threshold (RAILNET_FUSION_MIN_STRIPE_BYTES).
-  VerbsSendComm(std::vector<std::shared_ptr<VerbsDevice>> lanes, int peerLanes, protocol::Fd control,
+  VerbsSendComm(std::vector<std::shared_ptr<VerbsDevice>> nics, int peerNics, protocol::Fd control,
                 const protocol::SocketAddress& peer, const QpOptions& options, uint64_t minStripeBytes);
 
   std::unique_ptr<MemoryRegion> regMr(void* data, size_t size, int type) override;
@@ -66,7 +66,7 @@ class VerbsSendComm final : public SendComm {
   std::vector<char> ctsBuffers_;
   std::unique_ptr<LinkRegion> ctsRegion_;
   std::unique_ptr<LinkRegion> eagerRegion_;
-  VerbsLink link_;
+  VerbsConnection connection_;
   protocol::ClearToSendQueue posted_;                      // guarded by mutex_
   protocol::RequestPool<VerbsSendRequest> requests_;       // guarded by mutex_
   uint64_t minStripeBytes_;

@@ -75,12 +75,12 @@ class VerbsTransport final : public Transport {
     info.railId = railId;
   }
 
-  // A fused device's connections spread over QPs on each child port (verbs_link.h); its control socket meets
+  // A fused device's connections spread over QPs on each child port (verbs_connection.h); its control socket meets
   // at the first child's address.
   int makeVirtualDevice(const std::vector<int>& children) override {
     std::lock_guard<std::mutex> lock(mutex_);
-    if (children.size() > static_cast<size_t>(kMaxLanes)) {
-      fail(ncclInvalidUsage, "NET/railnet: a fused verbs device holds at most %d ports; %zu asked", kMaxLanes,
+    if (children.size() > static_cast<size_t>(kMaxNics)) {
+      fail(ncclInvalidUsage, "NET/railnet: a fused verbs device holds at most %d ports; %zu asked", kMaxNics,
            children.size());
     }
     std::vector<const DeviceInfo*> infos;
@@ -106,13 +106,13 @@ class VerbsTransport final : public Transport {
   }
 
   std::unique_ptr<ListenComm> listen(int dev, void* handle) override {
-    std::vector<size_t> lanes = lanesOf(dev);
-    return std::make_unique<protocol::HandshakeListener>(rendezvousAddress(ports_[lanes[0]]), optionsFor(lanes),
+    std::vector<size_t> nics = nicsOf(dev);
+    return std::make_unique<protocol::HandshakeListener>(rendezvousAddress(ports_[nics[0]]), optionsFor(nics),
                                                 static_cast<protocol::Handle*>(handle));
   }
 
   void connect(int dev, void* handle, std::unique_ptr<SendComm>* comm) override {
-    protocol::connectStep(static_cast<protocol::Handle*>(handle), optionsFor(lanesOf(dev)), comm);
+    protocol::connectStep(static_cast<protocol::Handle*>(handle), optionsFor(nicsOf(dev)), comm);
   }
 
  private:
@@ -124,13 +124,13 @@ class VerbsTransport final : public Transport {
   }
 
   // The ports a device's connections use: itself, or a fused device's children.
-  std::vector<size_t> lanesOf(int dev) const {
+  std::vector<size_t> nicsOf(int dev) const {
     size_t index = checked(dev);
     std::lock_guard<std::mutex> lock(mutex_);
     if (index < ports_.size()) return {index};
-    std::vector<size_t> lanes;
-    for (int child : fused_[index - ports_.size()].children) lanes.push_back(static_cast<size_t>(child));
-    return lanes;
+    std::vector<size_t> nics;
+    for (int child : fused_[index - ports_.size()].children) nics.push_back(static_cast<size_t>(child));
+    return nics;
   }
 
   // The port's device stays open while any comm uses it.
@@ -144,30 +144,30 @@ class VerbsTransport final : public Transport {
     return device;
   }
 
-  std::vector<std::shared_ptr<VerbsDevice>> openPorts(const std::vector<size_t>& lanes) {
+  std::vector<std::shared_ptr<VerbsDevice>> openPorts(const std::vector<size_t>& nics) {
     std::vector<std::shared_ptr<VerbsDevice>> devices;
-    for (size_t lane : lanes) devices.push_back(openPort(lane));
+    for (size_t nic : nics) devices.push_back(openPort(nic));
     return devices;
   }
 
-  protocol::ConnectOptions optionsFor(const std::vector<size_t>& lanes) {
+  protocol::ConnectOptions optionsFor(const std::vector<size_t>& nics) {
     protocol::ConnectOptions options = connectOptions_;
     {
       std::lock_guard<std::mutex> lock(mutex_);
-      options.railId = ports_[lanes[0]].info.railId;
+      options.railId = ports_[nics[0]].info.railId;
     }
-    options.nicCount = static_cast<uint16_t>(lanes.size());
+    options.nicCount = static_cast<uint16_t>(nics.size());
     QpOptions qp = qpOptions_;
     uint64_t minStripe = minStripeBytes_;
-    options.makeSendComm = [this, lanes, qp, minStripe](protocol::Fd control, std::vector<protocol::Fd>,
+    options.makeSendComm = [this, nics, qp, minStripe](protocol::Fd control, std::vector<protocol::Fd>,
                                                                  const protocol::PeerInfo& peer) {
       return std::unique_ptr<SendComm>(
-          new VerbsSendComm(openPorts(lanes), peer.nicCount, std::move(control), peer.peer, qp, minStripe));
+          new VerbsSendComm(openPorts(nics), peer.nicCount, std::move(control), peer.peer, qp, minStripe));
     };
-    options.makeRecvComm = [this, lanes, qp](protocol::Fd control, std::vector<protocol::Fd>,
+    options.makeRecvComm = [this, nics, qp](protocol::Fd control, std::vector<protocol::Fd>,
                                                       const protocol::PeerInfo& peer) {
       return std::unique_ptr<RecvComm>(
-          new VerbsRecvComm(openPorts(lanes), peer.nicCount, std::move(control), peer.peer, qp));
+          new VerbsRecvComm(openPorts(nics), peer.nicCount, std::move(control), peer.peer, qp));
     };
     return options;
   }

@@ -3,8 +3,8 @@
 //
 // A path is one set of RC QPs (and their CQ) on one local NIC, connected to one set on one NIC of the peer.
 // A physical device has one NIC and a connection has one path. A fused device (NIC fusion, ABI v9+) has L NICs
-// ("lanes"); with a peer of R NICs a connection has P = max(L, R) paths, path p on local lane p % L and the
-// peer's lane p % R, so every NIC at both ends carries traffic (docs/fusion.md, "The fused verbs connection").
+// ; with a peer of R NICs a connection has P = max(L, R) paths, path p on local NIC p % L and the
+// peer's NIC p % R, so every NIC at both ends carries traffic (docs/fusion.md, "The fused verbs connection").
 #pragma once
 
 #include <memory>
@@ -17,27 +17,27 @@
 
 namespace railnet::verbs {
 
-constexpr int kMaxLanes = 8;  // NCCL fuses at most 8 devices (ABI v12)
-constexpr int kMaxPaths = kMaxLanes;
+constexpr int kMaxNics = 8;  // NCCL fuses at most 8 devices (ABI v12)
+constexpr int kMaxPaths = kMaxNics;
 
 // A buffer registered with every local NIC of a link (one memory region per protection domain): what the
-// comms' regMr returns. A physical device's has one lane.
+// comms' regMr returns. A physical device's has one NIC.
 class LinkRegion final : public MemoryRegion {
  public:
-  explicit LinkRegion(std::vector<std::unique_ptr<MemoryRegion>> perLane) : perLane_(std::move(perLane)) {}
-  const VerbsRegion& lane(int index) const { return static_cast<const VerbsRegion&>(*perLane_[static_cast<size_t>(index)]); }
-  int lanes() const { return static_cast<int>(perLane_.size()); }
-  bool gpuMemory() const { return lane(0).gpuMemory(); }
+  explicit LinkRegion(std::vector<std::unique_ptr<MemoryRegion>> perNic) : perNic_(std::move(perNic)) {}
+  const VerbsRegion& nic(int index) const { return static_cast<const VerbsRegion&>(*perNic_[static_cast<size_t>(index)]); }
+  int nics() const { return static_cast<int>(perNic_.size()); }
+  bool gpuMemory() const { return nic(0).gpuMemory(); }
 
  private:
-  std::vector<std::unique_ptr<MemoryRegion>> perLane_;  // VerbsRegion each, [i] on the link's lane i
+  std::vector<std::unique_ptr<MemoryRegion>> perNic_;  // VerbsRegion each, [i] on the connection's NIC i
 };
 
-class VerbsLink final : public QpEventSink {
+class VerbsConnection final : public QpEventSink {
  public:
-  // lanes: the local device's NICs (1 for a physical device); peerLanes: the peer's count from the handshake
+  // nics: the local device's NICs (1 for a physical device); peerNics: the peer's count from the handshake
   // (PeerInfo::nicCount). Creates the paths' QPs (INIT) and sends one QP record per path. Throws railnet::Error.
-  VerbsLink(std::vector<std::shared_ptr<VerbsDevice>> lanes, int peerLanes, protocol::Fd control,
+  VerbsConnection(std::vector<std::shared_ptr<VerbsDevice>> nics, int peerNics, protocol::Fd control,
             const protocol::SocketAddress& peer, const char* direction, const QpOptions& options);
 
   // Advances the QP handshake; true once every path's QPs are at RTS. Caller holds the comm's lock. A failure
@@ -45,16 +45,16 @@ class VerbsLink final : public QpEventSink {
   bool ready();
 
   protocol::ControlChannel& control() { return control_; }
-  int lanes() const { return static_cast<int>(lanes_.size()); }
+  int nics() const { return static_cast<int>(nics_.size()); }
   int paths() const { return static_cast<int>(paths_.size()); }
-  int laneOf(int path) const { return paths_[static_cast<size_t>(path)].lane; }
+  int nicOf(int path) const { return paths_[static_cast<size_t>(path)].nic; }
   QueuePairs& qps(int path) { return *paths_[static_cast<size_t>(path)].qps; }
-  VerbsDevice& device(int lane) { return *lanes_[static_cast<size_t>(lane)]; }
-  std::shared_ptr<VerbsDevice> devicePtr(int lane) const { return lanes_[static_cast<size_t>(lane)]; }
+  VerbsDevice& device(int nic) { return *nics_[static_cast<size_t>(nic)]; }
+  std::shared_ptr<VerbsDevice> devicePtr(int nic) const { return nics_[static_cast<size_t>(nic)]; }
   // The traffic counters (proxy/nic_counters.h) of the NIC a path leaves from, shared by every link on it.
   NicCounters& counters(int path) { return *paths_[static_cast<size_t>(path)].counters; }
 
-  // Registers memory with every lane's NIC (regMr / regMrDmaBuf of the comms). Throws railnet::Error.
+  // Registers memory with every NIC of the connection (regMr / regMrDmaBuf of the comms). Throws railnet::Error.
   std::unique_ptr<LinkRegion> registerMemory(void* data, size_t size, int type);
   std::unique_ptr<LinkRegion> registerDmabuf(void* data, size_t size, int type, uint64_t offset, int fd);
 
@@ -87,11 +87,11 @@ class VerbsLink final : public QpEventSink {
 
  private:
   struct Path {
-    int lane = 0;
+    int nic = 0;
     std::unique_ptr<QueuePairs> qps;
     NicCounters* counters = nullptr;
   };
-  std::vector<std::shared_ptr<VerbsDevice>> lanes_;
+  std::vector<std::shared_ptr<VerbsDevice>> nics_;
   protocol::ControlChannel control_;
   std::vector<Path> paths_;
   bool ready_ = false;

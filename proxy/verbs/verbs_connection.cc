@@ -1,4 +1,4 @@
-#include "proxy/verbs/verbs_link.h"
+#include "proxy/verbs/verbs_connection.h"
 
 #include <algorithm>
 #include <cstring>
@@ -7,23 +7,23 @@
 
 namespace railnet::verbs {
 
-VerbsLink::VerbsLink(std::vector<std::shared_ptr<VerbsDevice>> lanes, int peerLanes, protocol::Fd control,
+VerbsConnection::VerbsConnection(std::vector<std::shared_ptr<VerbsDevice>> nics, int peerNics, protocol::Fd control,
                      const protocol::SocketAddress& peer, const char* direction, const QpOptions& options)
-    : lanes_(std::move(lanes)), control_(std::move(control), peer, direction) {
-  if (lanes_.empty() || lanes_.size() > kMaxLanes) {
-    fail(ncclInternalError, "NET/railnet: a verbs connection over %zu NICs", lanes_.size());
+    : nics_(std::move(nics)), control_(std::move(control), peer, direction) {
+  if (nics_.empty() || nics_.size() > kMaxNics) {
+    fail(ncclInternalError, "NET/railnet: a verbs connection over %zu NICs", nics_.size());
   }
-  if (peerLanes < 1 || peerLanes > kMaxLanes) {
+  if (peerNics < 1 || peerNics > kMaxNics) {
     fail(ncclSystemError, "NET/railnet: %s announces a device of %d NICs; railnet fuses 1 to %d",
-         control_.peerName().c_str(), peerLanes, kMaxLanes);
+         control_.peerName().c_str(), peerNics, kMaxNics);
   }
-  const int pathCount = std::max(static_cast<int>(lanes_.size()), peerLanes);
+  const int pathCount = std::max(static_cast<int>(nics_.size()), peerNics);
   paths_.resize(static_cast<size_t>(pathCount));
   for (int p = 0; p < pathCount; ++p) {
     Path& path = paths_[static_cast<size_t>(p)];
-    path.lane = p % static_cast<int>(lanes_.size());
-    const VerbsPort& port = lanes_[static_cast<size_t>(path.lane)]->port();
-    path.qps = std::make_unique<QueuePairs>(lanes_[static_cast<size_t>(path.lane)], options, this);
+    path.nic = p % static_cast<int>(nics_.size());
+    const VerbsPort& port = nics_[static_cast<size_t>(path.nic)]->port();
+    path.qps = std::make_unique<QueuePairs>(nics_[static_cast<size_t>(path.nic)], options, this);
     path.counters = &nicCounters(port.info.name, port.info.railId);
   }
   for (int p = 0; p < pathCount; ++p) {
@@ -34,7 +34,7 @@ VerbsLink::VerbsLink(std::vector<std::shared_ptr<VerbsDevice>> lanes, int peerLa
   }
 }
 
-bool VerbsLink::ready() {
+bool VerbsConnection::ready() {
   if (ready_ || control_.failed()) return ready_;
   if (!control_.flush()) return false;
   const size_t recordBytes = sizeof(QpInfo) * paths_.size();
@@ -77,35 +77,35 @@ bool VerbsLink::ready() {
     return false;
   }
   for (Path& path : paths_) {
-    path.counters->addConnection(lanes_[static_cast<size_t>(path.lane)]->port().info.railId, path.qps->remoteRail());
+    path.counters->addConnection(nics_[static_cast<size_t>(path.nic)]->port().info.railId, path.qps->remoteRail());
   }
   ready_ = true;
   return true;
 }
 
-std::unique_ptr<LinkRegion> VerbsLink::registerMemory(void* data, size_t size, int type) {
-  std::vector<std::unique_ptr<MemoryRegion>> perLane;
-  for (const std::shared_ptr<VerbsDevice>& lane : lanes_) perLane.push_back(lane->registerMemory(data, size, type));
-  return std::make_unique<LinkRegion>(std::move(perLane));
+std::unique_ptr<LinkRegion> VerbsConnection::registerMemory(void* data, size_t size, int type) {
+  std::vector<std::unique_ptr<MemoryRegion>> perNic;
+  for (const std::shared_ptr<VerbsDevice>& nic : nics_) perNic.push_back(nic->registerMemory(data, size, type));
+  return std::make_unique<LinkRegion>(std::move(perNic));
 }
 
-std::unique_ptr<LinkRegion> VerbsLink::registerDmabuf(void* data, size_t size, int type, uint64_t offset, int fd) {
-  std::vector<std::unique_ptr<MemoryRegion>> perLane;
-  for (const std::shared_ptr<VerbsDevice>& lane : lanes_) {
-    perLane.push_back(lane->registerDmabuf(data, size, type, offset, fd));
+std::unique_ptr<LinkRegion> VerbsConnection::registerDmabuf(void* data, size_t size, int type, uint64_t offset, int fd) {
+  std::vector<std::unique_ptr<MemoryRegion>> perNic;
+  for (const std::shared_ptr<VerbsDevice>& nic : nics_) {
+    perNic.push_back(nic->registerDmabuf(data, size, type, offset, fd));
   }
-  return std::make_unique<LinkRegion>(std::move(perLane));
+  return std::make_unique<LinkRegion>(std::move(perNic));
 }
 
-void VerbsLink::onQpAsyncError(const std::string& what) noexcept {
+void VerbsConnection::onQpAsyncError(const std::string& what) noexcept {
   try {
     control_.recordFailure(what);
   } catch (...) {  // bad_alloc copying the text: the WARN the device logged still names it
   }
 }
 
-std::string VerbsLink::describe(int path, const ibv_wc& completion) const {
-  const VerbsDevice& device = *lanes_[static_cast<size_t>(paths_[static_cast<size_t>(path)].lane)];
+std::string VerbsConnection::describe(int path, const ibv_wc& completion) const {
+  const VerbsDevice& device = *nics_[static_cast<size_t>(paths_[static_cast<size_t>(path)].nic)];
   return "QP " + std::to_string(completion.qp_num) + " on " + device.port().device + ": work completion " +
          device.api().wcStatusStr(completion.status) + " (status " + std::to_string(completion.status) +
          ", vendor error 0x" + [&] {
