@@ -72,11 +72,24 @@ class MemoryRegion {
   virtual ~MemoryRegion() = default;
 };
 
+// How a transport registers memory for its comms (one registrar serves both directions of a connection).
+class MemoryRegistrar {
+ public:
+  virtual ~MemoryRegistrar() = default;
+  virtual std::unique_ptr<MemoryRegion> regMr(void* data, size_t size, int type) = 0;
+  virtual std::unique_ptr<MemoryRegion> regMrDmaBuf(void* data, size_t size, int type, uint64_t offset, int fd) = 0;
+};
+
 class Comm {
  public:
   virtual ~Comm() = default;
-  virtual std::unique_ptr<MemoryRegion> regMr(void* data, size_t size, int type) = 0;
-  virtual std::unique_ptr<MemoryRegion> regMrDmaBuf(void* data, size_t size, int type, uint64_t offset, int fd) = 0;
+  std::unique_ptr<MemoryRegion> regMr(void* data, size_t size, int type) { return registrar().regMr(data, size, type); }
+  std::unique_ptr<MemoryRegion> regMrDmaBuf(void* data, size_t size, int type, uint64_t offset, int fd) {
+    return registrar().regMrDmaBuf(data, size, type, offset, fd);
+  }
+
+ protected:
+  virtual MemoryRegistrar& registrar() noexcept = 0;
 };
 
 class SendComm : public Comm {

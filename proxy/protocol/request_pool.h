@@ -1,4 +1,4 @@
-// A fixed set of request objects handed out and taken back, so the data path never allocates. Not
+// Requests owned by a comm, and a fixed set of them handed out and taken back, so the data path never allocates. Not
 // synchronised: the owning comm holds its lock around acquire/release.
 #pragma once
 
@@ -6,7 +6,23 @@
 #include <memory>
 #include <vector>
 
+#include "proxy/transport.h"
+
 namespace railnet::protocol {
+
+// A request that its comm owns (in a pool or the receive ring) and completes: test() asks the owner, which
+// declares `friend class protocol::CommRequest<Owner, Self>;` and `testRequest(Self*, int* done, int* sizes)`.
+template <class Owner, class Self>
+class CommRequest : public railnet::Request {
+ public:
+  ncclResult_t test(int* done, int* sizes) noexcept final {
+    return owner_->testRequest(static_cast<Self*>(this), done, sizes);
+  }
+  void setOwner(Owner* owner) noexcept { owner_ = owner; }
+
+ private:
+  Owner* owner_ = nullptr;
+};
 
 template <class Request>
 class RequestPool {

@@ -19,7 +19,14 @@ class HostRegion final : public MemoryRegion {
   size_t size_;
 };
 
-// Throws ncclInvalidArgument for anything but NCCL_PTR_HOST.
-std::unique_ptr<MemoryRegion> registerHostMemory(void* data, size_t size, int type);
+// Host memory only: anything else (CUDA, DMA-BUF) is ncclInvalidArgument, so NCCL stages through host memory.
+class HostRegistrar final : public MemoryRegistrar {
+ public:
+  std::unique_ptr<MemoryRegion> regMr(void* data, size_t size, int type) override;
+  std::unique_ptr<MemoryRegion> regMrDmaBuf(void* data, size_t size, int type, uint64_t offset, int fd) override;
+};
+
+// The process's one HostRegistrar (it holds no state).
+MemoryRegistrar& hostRegistrar() noexcept;
 
 }  // namespace railnet::tcp

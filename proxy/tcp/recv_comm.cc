@@ -17,27 +17,19 @@ using protocol::FrameType;
 using protocol::kEndOfStream;
 using protocol::kMaxRecvs;
 
-ncclResult_t RecvRequest::test(int* done, int* sizes) noexcept { return comm_->testRequest(this, done, sizes); }
-
 TcpRecvComm::TcpRecvComm(Fd control, std::vector<Fd> data, const protocol::SocketAddress& peer,
                          const NicLayout& layout)
     : control_(std::move(control), peer, "receive"), streams_(std::move(data)), openStreams_(0) {
   if (!layout.nics.empty()) control_.setCounters(layout.nics[0]);
   streams_.setCounters(layout);
-  ring_.prepare([this](RecvRequest& entry) { entry.comm_ = this; });
+  ring_.prepare([this](RecvRequest& entry) { entry.setOwner(this); });
   streams_.start(this);
   openStreams_.store(streams_.count(), std::memory_order_release);
 }
 
 TcpRecvComm::~TcpRecvComm() { streams_.stop(); }
 
-std::unique_ptr<MemoryRegion> TcpRecvComm::regMr(void* data, size_t size, int type) {
-  return registerHostMemory(data, size, type);
-}
-
-std::unique_ptr<MemoryRegion> TcpRecvComm::regMrDmaBuf(void*, size_t, int, uint64_t, int) {
-  return registerHostMemory(nullptr, 0, NCCL_PTR_DMABUF);
-}
+MemoryRegistrar& TcpRecvComm::registrar() noexcept { return hostRegistrar(); }
 
 ncclResult_t TcpRecvComm::irecv(int n, void** data, const size_t* sizes, const int* tags, MemoryRegion**,
                                 Request** request) noexcept {

@@ -7,6 +7,7 @@
 
 #include "proxy/protocol/control_channel.h"
 #include "proxy/protocol/receive_ring.h"
+#include "proxy/protocol/request_pool.h"
 #include "proxy/tcp/data_streams.h"
 #include "proxy/transport.h"
 
@@ -14,13 +15,8 @@ namespace railnet::tcp {
 
 class TcpRecvComm;
 
-class RecvRequest final : public Request, public protocol::PostedReceive {
- public:
-  ncclResult_t test(int* done, int* sizes) noexcept override;
-
- private:
-  friend class TcpRecvComm;
-  TcpRecvComm* comm_ = nullptr;
+class RecvRequest final : public protocol::CommRequest<TcpRecvComm, RecvRequest>, public protocol::PostedReceive {
+  // All its state is the posted receive's (protocol/receive_ring.h).
 };
 
 class TcpRecvComm final : public RecvComm, private StreamOwner {
@@ -28,14 +24,13 @@ class TcpRecvComm final : public RecvComm, private StreamOwner {
   TcpRecvComm(Fd control, std::vector<Fd> data, const protocol::SocketAddress& peer, const NicLayout& layout = {});
   ~TcpRecvComm() override;
 
-  std::unique_ptr<MemoryRegion> regMr(void* data, size_t size, int type) override;
-  std::unique_ptr<MemoryRegion> regMrDmaBuf(void* data, size_t size, int type, uint64_t offset, int fd) override;
   ncclResult_t irecv(int n, void** data, const size_t* sizes, const int* tags, MemoryRegion** mrs,
                      Request** request) noexcept override;
   ncclResult_t iflush(int n, void** data, const int* sizes, MemoryRegion** mrs, Request** request) noexcept override;
 
  private:
-  friend class RecvRequest;
+  friend class protocol::CommRequest<TcpRecvComm, RecvRequest>;
+  MemoryRegistrar& registrar() noexcept override;
   using Ring = protocol::ReceiveRing<RecvRequest>;
 
   ncclResult_t testRequest(RecvRequest* request, int* done, int* sizes) noexcept;

@@ -25,12 +25,10 @@ constexpr size_t kSendRequests = 2 * NCCL_NET_MAX_REQUESTS * kMaxRecvs;
 constexpr auto kStallWarning = std::chrono::seconds(10);
 }  // namespace
 
-ncclResult_t SendRequest::test(int* done, int* sizes) noexcept { return comm_->testRequest(this, done, sizes); }
-
 TcpSendComm::TcpSendComm(Fd control, std::vector<Fd> data, const protocol::SocketAddress& peer, NicLayout layout)
     : control_(std::move(control), peer, "send"),
       streams_(std::move(data)),
-      requests_(kSendRequests, [this](SendRequest& request) { request.comm_ = this; }) {
+      requests_(kSendRequests, [this](SendRequest& request) { request.setOwner(this); }) {
   const Settings& config = settings();
   inlineBytes_ = static_cast<uint64_t>(std::max<int64_t>(config.tcpInlineBytes, 0));
   minChunkBytes_ = static_cast<uint64_t>(std::max<int64_t>(config.tcpMinChunkBytes, 4096));
@@ -44,13 +42,7 @@ TcpSendComm::TcpSendComm(Fd control, std::vector<Fd> data, const protocol::Socke
 
 TcpSendComm::~TcpSendComm() { streams_.stop(); }
 
-std::unique_ptr<MemoryRegion> TcpSendComm::regMr(void* data, size_t size, int type) {
-  return registerHostMemory(data, size, type);
-}
-
-std::unique_ptr<MemoryRegion> TcpSendComm::regMrDmaBuf(void*, size_t, int, uint64_t, int) {
-  return registerHostMemory(nullptr, 0, NCCL_PTR_DMABUF);
-}
+MemoryRegistrar& TcpSendComm::registrar() noexcept { return hostRegistrar(); }
 
 void TcpSendComm::pumpControl() {
   if (!control_.flush()) return;

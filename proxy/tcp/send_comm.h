@@ -18,13 +18,9 @@ namespace railnet::tcp {
 
 class TcpSendComm;
 
-class SendRequest final : public Request {
- public:
-  ncclResult_t test(int* done, int* sizes) noexcept override;
-
+class SendRequest final : public protocol::CommRequest<TcpSendComm, SendRequest> {
  private:
   friend class TcpSendComm;
-  TcpSendComm* comm_ = nullptr;
   std::atomic<int> pendingChunks_{0};
   uint64_t size_ = 0;
 };
@@ -34,12 +30,11 @@ class TcpSendComm final : public SendComm, private StreamOwner {
   TcpSendComm(Fd control, std::vector<Fd> data, const protocol::SocketAddress& peer, NicLayout layout = {});
   ~TcpSendComm() override;
 
-  std::unique_ptr<MemoryRegion> regMr(void* data, size_t size, int type) override;
-  std::unique_ptr<MemoryRegion> regMrDmaBuf(void* data, size_t size, int type, uint64_t offset, int fd) override;
   ncclResult_t isend(void* data, size_t size, int tag, MemoryRegion* mr, Request** request) noexcept override;
 
  private:
-  friend class SendRequest;
+  friend class protocol::CommRequest<TcpSendComm, SendRequest>;
+  MemoryRegistrar& registrar() noexcept override;
   ncclResult_t testRequest(SendRequest* request, int* done, int* sizes) noexcept;
   // Turns buffered control bytes into posted receives; false on a protocol error (recorded).
   bool parseClearToSends();

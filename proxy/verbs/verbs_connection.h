@@ -33,7 +33,7 @@ class LinkRegion final : public MemoryRegion {
   std::vector<std::unique_ptr<MemoryRegion>> perNic_;  // VerbsRegion each, [i] on the connection's NIC i
 };
 
-class VerbsConnection final : public QpEventSink {
+class VerbsConnection final : public QpEventSink, public MemoryRegistrar {
  public:
   // nics: the local device's NICs (1 for a physical device); peerNics: the peer's count from the handshake
   // (PeerInfo::nicCount). Creates the paths' QPs (INIT) and sends one QP record per path. Throws railnet::Error.
@@ -57,6 +57,13 @@ class VerbsConnection final : public QpEventSink {
   // Registers memory with every NIC of the connection (regMr / regMrDmaBuf of the comms). Throws railnet::Error.
   std::unique_ptr<LinkRegion> registerMemory(void* data, size_t size, int type);
   std::unique_ptr<LinkRegion> registerDmabuf(void* data, size_t size, int type, uint64_t offset, int fd);
+  // MemoryRegistrar: what both comms' regMr / regMrDmaBuf do.
+  std::unique_ptr<MemoryRegion> regMr(void* data, size_t size, int type) override {
+    return registerMemory(data, size, type);
+  }
+  std::unique_ptr<MemoryRegion> regMrDmaBuf(void* data, size_t size, int type, uint64_t offset, int fd) override {
+    return registerDmabuf(data, size, type, offset, fd);
+  }
 
   // A QP of this link hit a fatal asynchronous error (async-event thread): fails the connection's requests.
   void onQpAsyncError(const std::string& what) noexcept override;

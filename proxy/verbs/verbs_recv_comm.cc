@@ -8,17 +8,15 @@
 
 namespace railnet::verbs {
 
-ncclResult_t VerbsRecvRequest::test(int* done, int* sizes) noexcept { return comm_->testRequest(this, done, sizes); }
-
 VerbsRecvComm::VerbsRecvComm(std::vector<std::shared_ptr<VerbsDevice>> nics, int peerNics, protocol::Fd control,
                              const protocol::SocketAddress& peer, const QpOptions& options)
     : connection_(std::move(nics), peerNics, std::move(control), peer, "receive", options) {
-  ring_.prepare([this](VerbsRecvRequest& entry) { entry.comm_ = this; });
+  ring_.prepare([this](VerbsRecvRequest& entry) { entry.setOwner(this); });
   std::string why;
   flushMode_ = parseFlushMode(settings().ibFlush, &why);
   if (!why.empty()) RN_WARN("NET/railnet: %s", why.c_str());
   flushRequests_.resize(64);
-  for (VerbsFlushRequest& flush : flushRequests_) flush.comm_ = this;
+  for (VerbsFlushRequest& flush : flushRequests_) flush.setOwner(this);
   flush_.resize(static_cast<size_t>(connection_.nics()));
   size_t qps = 0;
   for (int path = 0; path < connection_.paths(); ++path) qps += static_cast<size_t>(connection_.qps(path).created());
@@ -32,14 +30,6 @@ VerbsRecvComm::VerbsRecvComm(std::vector<std::shared_ptr<VerbsDevice>> nics, int
       for (int i = 0; i < kNoticesPerQp; ++i) postNotice(path, qp, i);
     }
   }
-}
-
-std::unique_ptr<MemoryRegion> VerbsRecvComm::regMr(void* data, size_t size, int type) {
-  return connection_.registerMemory(data, size, type);
-}
-
-std::unique_ptr<MemoryRegion> VerbsRecvComm::regMrDmaBuf(void* data, size_t size, int type, uint64_t offset, int fd) {
-  return connection_.registerDmabuf(data, size, type, offset, fd);
 }
 
 void VerbsRecvComm::postNotice(int path, int qpIndex, int bufferIndex) {
@@ -288,12 +278,7 @@ void VerbsRecvComm::pollFlush() {
   }
 }
 
-ncclResult_t VerbsFlushRequest::test(int* done, int* sizes) noexcept {
-  (void)sizes;  // NCCL passes NULL for flushes
-  return comm_->testFlush(this, done);
-}
-
-ncclResult_t VerbsRecvComm::testFlush(VerbsFlushRequest* request, int* done) noexcept {
+ncclResult_t VerbsRecvComm::testRequest(VerbsFlushRequest* request, int* done, int* /*sizes: NULL for flushes*/) noexcept {
   *done = 0;
   std::lock_guard<std::mutex> lock(mutex_);
   pollFlush();

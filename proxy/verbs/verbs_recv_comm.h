@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "proxy/protocol/receive_ring.h"
+#include "proxy/protocol/request_pool.h"
 #include "proxy/protocol/wire.h"
 #include "proxy/verbs/flush.h"
 #include "proxy/verbs/notice.h"
@@ -16,24 +17,15 @@ namespace railnet::verbs {
 
 class VerbsRecvComm;
 
-class VerbsRecvRequest final : public Request, public protocol::PostedReceive {
- public:
-  ncclResult_t test(int* done, int* sizes) noexcept override;
-
- private:
-  friend class VerbsRecvComm;
-  VerbsRecvComm* comm_ = nullptr;
+class VerbsRecvRequest final : public protocol::CommRequest<VerbsRecvComm, VerbsRecvRequest>, public protocol::PostedReceive {
+  // All its state is the posted receive's (protocol/receive_ring.h).
 };
 
 // An iflush in flight: done when its READ completes on the comm's loopback QP.
-class VerbsFlushRequest final : public Request {
- public:
-  ncclResult_t test(int* done, int* sizes) noexcept override;
-
+class VerbsFlushRequest final : public protocol::CommRequest<VerbsRecvComm, VerbsFlushRequest> {
  private:
   friend class VerbsRecvComm;
   // Guarded by the comm's mutex.
-  VerbsRecvComm* comm_ = nullptr;
   bool inUse_ = false;
   int pendingReads_ = 0;  // one READ per nic of the comm
   std::string error_;     // non-empty: a READ failed
@@ -45,16 +37,15 @@ class VerbsRecvComm final : public RecvComm {
   VerbsRecvComm(std::vector<std::shared_ptr<VerbsDevice>> nics, int peerNics, protocol::Fd control,
                 const protocol::SocketAddress& peer, const QpOptions& options);
 
-  std::unique_ptr<MemoryRegion> regMr(void* data, size_t size, int type) override;
-  std::unique_ptr<MemoryRegion> regMrDmaBuf(void* data, size_t size, int type, uint64_t offset, int fd) override;
   ncclResult_t irecv(int n, void** data, const size_t* sizes, const int* tags, MemoryRegion** mrs,
                      Request** request) noexcept override;
   ncclResult_t iflush(int n, void** data, const int* sizes, MemoryRegion** mrs, Request** request) noexcept override;
 
  private:
-  friend class VerbsRecvRequest;
-  friend class VerbsFlushRequest;
-  ncclResult_t testFlush(VerbsFlushRequest* request, int* done) noexcept;
+  friend class protocol::CommRequest<VerbsRecvComm, VerbsFlushRequest>;
+  friend class protocol::CommRequest<VerbsRecvComm, VerbsRecvRequest>;
+  MemoryRegistrar& registrar() noexcept override { return connection_; }
+  ncclResult_t testRequest(VerbsFlushRequest* request, int* done, int* sizes) noexcept;
   void pollFlush();  // caller holds mutex_
   using Ring = protocol::ReceiveRing<VerbsRecvRequest>;
   static constexpr uint32_t kRing = Ring::kEntries;

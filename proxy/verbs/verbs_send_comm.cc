@@ -14,12 +14,10 @@ constexpr uint64_t kMinStripe = 64 * 1024;
 constexpr uint64_t kStripeAlign = 128;
 }  // namespace
 
-ncclResult_t VerbsSendRequest::test(int* done, int* sizes) noexcept { return comm_->testRequest(this, done, sizes); }
-
 VerbsSendComm::VerbsSendComm(std::vector<std::shared_ptr<VerbsDevice>> nics, int peerNics, protocol::Fd control,
                              const protocol::SocketAddress& peer, const QpOptions& options, uint64_t minStripeBytes)
     : connection_(std::move(nics), peerNics, std::move(control), peer, "send", options),
-      requests_(kSendRequests, [this](VerbsSendRequest& request) { request.comm_ = this; }),
+      requests_(kSendRequests, [this](VerbsSendRequest& request) { request.setOwner(this); }),
       minStripeBytes_(minStripeBytes) {
   eagerHeaders_.resize(kSendRequests);
   for (int i = static_cast<int>(kSendRequests) - 1; i >= 0; --i) freeEagerSlots_.push_back(i);
@@ -43,14 +41,6 @@ void VerbsSendComm::postClearToSendBuffer(size_t index) {
   if (int rc = ibv_post_recv(connection_.qps(0).qp(0), &wr, &bad); rc != 0) {
     connection_.control().recordFailure("ibv_post_recv of a clear-to-send buffer failed: " + errnoText(rc));
   }
-}
-
-std::unique_ptr<MemoryRegion> VerbsSendComm::regMr(void* data, size_t size, int type) {
-  return connection_.registerMemory(data, size, type);
-}
-
-std::unique_ptr<MemoryRegion> VerbsSendComm::regMrDmaBuf(void* data, size_t size, int type, uint64_t offset, int fd) {
-  return connection_.registerDmabuf(data, size, type, offset, fd);
 }
 
 void VerbsSendComm::pumpControl() {

@@ -16,13 +16,9 @@ namespace railnet::verbs {
 
 class VerbsSendComm;
 
-class VerbsSendRequest final : public Request {
- public:
-  ncclResult_t test(int* done, int* sizes) noexcept override;
-
+class VerbsSendRequest final : public protocol::CommRequest<VerbsSendComm, VerbsSendRequest> {
  private:
   friend class VerbsSendComm;
-  VerbsSendComm* comm_ = nullptr;
   int pendingStripes_ = 0;  // guarded by the comm's mutex
   uint64_t size_ = 0;
   int eagerSlot_ = -1;  // the header slot a small message's SEND reads from, until it completes
@@ -36,12 +32,11 @@ class VerbsSendComm final : public SendComm {
   VerbsSendComm(std::vector<std::shared_ptr<VerbsDevice>> nics, int peerNics, protocol::Fd control,
                 const protocol::SocketAddress& peer, const QpOptions& options, uint64_t minStripeBytes);
 
-  std::unique_ptr<MemoryRegion> regMr(void* data, size_t size, int type) override;
-  std::unique_ptr<MemoryRegion> regMrDmaBuf(void* data, size_t size, int type, uint64_t offset, int fd) override;
   ncclResult_t isend(void* data, size_t size, int tag, MemoryRegion* mr, Request** request) noexcept override;
 
  private:
-  friend class VerbsSendRequest;
+  friend class protocol::CommRequest<VerbsSendComm, VerbsSendRequest>;
+  MemoryRegistrar& registrar() noexcept override { return connection_; }
   ncclResult_t testRequest(VerbsSendRequest* request, int* done, int* sizes) noexcept;
   // Reads clear-to-sends (and end-of-stream) from the control socket. Caller holds mutex_.
   void pumpControl();
