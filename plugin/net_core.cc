@@ -1,11 +1,13 @@
 #include "plugin/net_core.h"
 
 #include <algorithm>
+#include <atomic>
 #include <mutex>
 #include <string>
 #include <vector>
 
 #include "plugin/guard.h"
+#include "proxy/nic_counters.h"
 #include "proxy/tcp/tcp_transport.h"
 #include "proxy/verbs/verbs_transport.h"
 #include "railnet/settings.h"
@@ -27,6 +29,7 @@ struct PluginState {
   std::unique_ptr<Transport> transport;  // guarded by mutex until set, then read-only
   int abiVersion = 0;
   int contexts = 0;
+  std::atomic<int> openComms{0};  // send and receive comms not yet closed
 };
 
 PluginState& state() {
@@ -79,6 +82,15 @@ std::unique_ptr<Transport> chooseTransport() {
     RN_INFO(NCCL_INIT | NCCL_NET, "NET/railnet: verbs transport unavailable (%s); using TCP", why.c_str());
   }
   return tcp::createTcpTransport();
+}
+
+void commOpened() { state().openComms.fetch_add(1, std::memory_order_relaxed); }
+
+// Per-NIC traffic since the process started (payload bytes; docs/fusion.md), one line per NIC that carried any,
+// whenever the last open comm closes (end of a job, or of a communicator).
+void commClosed() {
+  if (state().openComms.fetch_sub(1, std::memory_order_acq_rel) != 1) return;
+  for (const std::string& line : nicCounterLines()) RN_INFO(NCCL_NET, "NET/railnet: NIC %s", line.c_str());
 }
 
 Comm* asComm(void* comm) {
@@ -157,6 +169,7 @@ ncclResult_t connect(int dev, void* handle, void** sendComm, ncclNetDeviceHandle
     *sendComm = nullptr;
     std::unique_ptr<SendComm> comm;
     transport().connect(dev, handle, &comm);
+    if (comm) commOpened();
     *sendComm = static_cast<Comm*>(comm.release());
     return ncclSuccess;
   });
@@ -168,6 +181,7 @@ ncclResult_t accept(void* listenComm, void** recvComm, ncclNetDeviceHandle_v8_t*
     *recvComm = nullptr;
     std::unique_ptr<RecvComm> comm;
     static_cast<ListenComm*>(listenComm)->accept(&comm);
+    if (comm) commOpened();
     *recvComm = static_cast<Comm*>(comm.release());
     return ncclSuccess;
   });
@@ -237,6 +251,7 @@ ncclResult_t test(void* request, int* done, int* sizes) {
 ncclResult_t closeSend(void* sendComm) {
   return guarded("closeSend", [&] {
     delete static_cast<SendComm*>(asComm(sendComm));
+    commClosed();
     return ncclSuccess;
   });
 }
@@ -244,6 +259,7 @@ ncclResult_t closeSend(void* sendComm) {
 ncclResult_t closeRecv(void* recvComm) {
   return guarded("closeRecv", [&] {
     delete static_cast<RecvComm*>(asComm(recvComm));
+    commClosed();
     return ncclSuccess;
   });
 }

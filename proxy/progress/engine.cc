@@ -12,15 +12,30 @@
 #include <mutex>
 #include <thread>
 
-#include "proxy/nic_counters.h"
-#include "proxy/protocol/socket.h"
 #include "railnet/error.h"
 #include "railnet/log.h"
 #include "railnet/settings.h"
 
 namespace railnet::progress {
 
-using protocol::Fd;
+// The pool's own descriptors (epoll set, wake-up eventfd), closed with it. The pool knows nothing of what its
+// sources carry, so it stands below the protocol and the transports.
+class OwnedFd {
+ public:
+  OwnedFd() = default;
+  ~OwnedFd() { reset(); }
+  OwnedFd(const OwnedFd&) = delete;
+  OwnedFd& operator=(const OwnedFd&) = delete;
+  void reset(int fd = -1) {
+    if (fd_ >= 0) close(fd_);
+    fd_ = fd;
+  }
+  int get() const { return fd_; }
+  bool valid() const { return fd_ >= 0; }
+
+ private:
+  int fd_ = -1;
+};
 
 class Worker {
  public:
@@ -43,8 +58,8 @@ class Worker {
 
   int id_;
   std::chrono::microseconds spin_;
-  Fd epoll_;
-  Fd wakeFd_;
+  OwnedFd epoll_;
+  OwnedFd wakeFd_;
   std::thread thread_;
   std::atomic<bool> stop_{false};
   std::atomic<bool> sleeping_{false};
@@ -236,8 +251,6 @@ Engine::~Engine() {
   double gigabytes = static_cast<double>(bytes) * 1e-9;
   RN_INFO(NCCL_NET, "NET/railnet: TCP helper threads moved %.3f GB using %.3f s of CPU (%.3f s/GB)", gigabytes, cpu,
           gigabytes > 0 ? cpu / gigabytes : 0.0);
-  // Per-NIC traffic since the process started (payload bytes; docs/fusion.md), one line per NIC that carried any.
-  for (const std::string& line : nicCounterLines()) RN_INFO(NCCL_NET, "NET/railnet: NIC %s", line.c_str());
 }
 
 void Engine::attach(EventSource* source) {

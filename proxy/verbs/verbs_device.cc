@@ -121,11 +121,6 @@ VerbsDevice::~VerbsDevice() {
   }
   asyncThread_.join();
   close(wakeFd_);
-  // The port's traffic so far (process-wide totals), logged as the TCP engine does when it stops.
-  std::string prefix = port_.info.name + " rail ";
-  for (const std::string& line : nicCounterLines()) {
-    if (line.compare(0, prefix.size(), prefix) == 0) RN_INFO(NCCL_NET, "NET/railnet: NIC %s", line.c_str());
-  }
   registrations_.clear();
   api_.deallocPd(pd_);
   api_.closeDevice(context_);
