@@ -45,7 +45,7 @@ bool VerbsConnection::ready() {
       return false;
     }
     if (got < 0) {
-      control_.recordFailure("control connection: " + errnoText(static_cast<int>(-got)));
+      control_.recordSocketFailure("control connection", got);
       return false;
     }
     // The first record tells whether the peer planned the same paths; checked before waiting for the rest,

@@ -78,7 +78,7 @@ class VerbsConnection final : public QpEventSink, public MemoryRegistrar {
     for (;;) {
       int count = ibv_poll_cq(qps(path).cq(), 32, completions);
       if (count < 0) {
-        control_.recordFailure("ibv_poll_cq failed");
+        control_.recordFailure("ibv_poll_cq failed", protocol::FailureKind::kLocal);
         return;
       }
       for (int i = 0; i < count; ++i) {

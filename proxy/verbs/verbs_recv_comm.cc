@@ -46,7 +46,8 @@ void VerbsRecvComm::postNotice(int path, int qpIndex, int bufferIndex) {
   ibv_recv_wr* bad = nullptr;
   ibv_qp* qp = connection_.qps(path).qp(qpIndex);
   if (int rc = ibv_post_recv(qp, &wr, &bad); rc != 0) {
-    connection_.control().recordFailure("ibv_post_recv on QP " + std::to_string(qp->qp_num) + " failed: " + errnoText(rc));
+    connection_.control().recordFailure("ibv_post_recv on QP " + std::to_string(qp->qp_num) + " failed: " + errnoText(rc),
+                                        protocol::FailureKind::kLocal);
   }
 }
 
@@ -65,7 +66,7 @@ bool VerbsRecvComm::sendClearToSend(uint32_t recvId, const void* frame, size_t s
   ibv_qp* qp = connection_.qps(0).qp(0);  // path 0, on nic 0: where the sender posted its clear-to-send buffers
   if (int rc = ibv_post_send(qp, &wr, &bad); rc != 0) {
     connection_.control().recordFailure("ibv_post_send of a clear-to-send on QP " + std::to_string(qp->qp_num) +
-                                  " failed: " + errnoText(rc));
+                                  " failed: " + errnoText(rc), protocol::FailureKind::kLocal);
     return false;
   }
   return true;
@@ -125,7 +126,7 @@ void VerbsRecvComm::pumpControl() {
       return;
     }
     if (got < 0) {
-      control.recordFailure("control connection: " + errnoText(static_cast<int>(-got)));
+      control.recordSocketFailure("control connection", got);
       return;
     }
   }

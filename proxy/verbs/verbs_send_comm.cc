@@ -39,7 +39,8 @@ void VerbsSendComm::postClearToSendBuffer(size_t index) {
   wr.num_sge = 1;
   ibv_recv_wr* bad = nullptr;
   if (int rc = ibv_post_recv(connection_.qps(0).qp(0), &wr, &bad); rc != 0) {
-    connection_.control().recordFailure("ibv_post_recv of a clear-to-send buffer failed: " + errnoText(rc));
+    connection_.control().recordFailure("ibv_post_recv of a clear-to-send buffer failed: " + errnoText(rc),
+                                        protocol::FailureKind::kLocal);
   }
 }
 
@@ -50,7 +51,7 @@ void VerbsSendComm::pumpControl() {
   if (got == protocol::kEndOfStream) {
     control.recordFailure("the receiver closed the connection");
   } else if (got < 0) {
-    control.recordFailure("control connection: " + errnoText(static_cast<int>(-got)));
+    control.recordSocketFailure("control connection", got);
   } else if (control.size() > 0) {
     control.recordFailure("protocol error: unexpected bytes on the control connection");
   }
@@ -108,7 +109,8 @@ bool VerbsSendComm::postEager(VerbsSendRequest* request, int path, const char* d
   if (int rc = ibv_post_send(qp, &wr, &bad); rc != 0) {
     freeEagerSlots_.push_back(slot);
     request->eagerSlot_ = -1;
-    connection_.control().recordFailure("ibv_post_send on QP " + std::to_string(qp->qp_num) + " failed: " + errnoText(rc));
+    connection_.control().recordFailure("ibv_post_send on QP " + std::to_string(qp->qp_num) + " failed: " + errnoText(rc),
+                                        protocol::FailureKind::kLocal);
     return false;
   }
   return true;
@@ -156,7 +158,8 @@ bool VerbsSendComm::postStripes(VerbsSendRequest* request, int path, const char*
     if (int rc = ibv_post_send(qp, bytes > 0 ? &write : &notice, &bad); rc != 0) {
       // Stripes not posted will never complete: the failure recorded here fails the request in test().
       request->pendingStripes_ -= stripes - k;
-      connection_.control().recordFailure("ibv_post_send on QP " + std::to_string(qp->qp_num) + " failed: " + errnoText(rc));
+      connection_.control().recordFailure("ibv_post_send on QP " + std::to_string(qp->qp_num) + " failed: " + errnoText(rc),
+                                          protocol::FailureKind::kLocal);
       return false;
     }
   }

@@ -43,8 +43,9 @@ void warmUp(NetApi& net, const PostFn& post, int count) {
 }
 
 // With `pending` in flight, kills the child, then keeps testing (and re-posting once a request completes)
-// until the plugin reports an error. Returns how long that took, or nothing within kGiveUp.
-std::optional<Clock::duration> timeToError(NetApi& net, const PostFn& post, void* pending, ChildProcess& child) {
+// until the plugin reports an error. Returns how long that took, or nothing within kGiveUp; *code is the error.
+std::optional<Clock::duration> timeToError(NetApi& net, const PostFn& post, void* pending, ChildProcess& child,
+                                           ncclResult_t* code) {
   const Clock::time_point killedAt = Clock::now();
   child.kill();
   void* request = pending;
@@ -58,13 +59,20 @@ std::optional<Clock::duration> timeToError(NetApi& net, const PostFn& post, void
       rc = net.test(request, &done, sizes);
       if (rc == ncclSuccess && done) request = nullptr;  // completed before the kill took effect: go again
     }
-    if (rc != ncclSuccess) return Clock::now() - killedAt;
+    if (rc != ncclSuccess) {
+      *code = rc;
+      return Clock::now() - killedAt;
+    }
   }
   return std::nullopt;
 }
 
-void requirePromptFailure(const std::optional<Clock::duration>& took, uint64_t mark, const char* side) {
+void requirePromptFailure(const std::optional<Clock::duration>& took, ncclResult_t code, uint64_t mark,
+                          const char* side) {
   REQUIRE(took.has_value(), strf("the %s never failed within 10 s of the peer's SIGKILL", side));
+  // NCCL's own transports report a dead peer as a remote error ("remote process exited or there was a network
+  // error"), not as a local system error.
+  REQUIRE(code == ncclRemoteError, strf("the %s failed with %s, not ncclRemoteError", side, ncclResultName(code)));
   const long long ms = std::chrono::duration_cast<std::chrono::milliseconds>(*took).count();
   REQUIRE(*took <= kDetectLimit,
           strf("the %s failed %lld ms after the peer's SIGKILL; the limit is 2000 ms", side, ms));
@@ -98,7 +106,9 @@ TEST_CASE("failure", "killed_sender", Scope::PerVersion) {
   void* pending = nullptr;
   REQUIRE_OK(postWithRetry(post, &pending, Deadline()));
   const uint64_t mark = logMark();
-  requirePromptFailure(timeToError(net, post, pending, child), mark, "receiver's irecv");
+  ncclResult_t code = ncclSuccess;
+  const std::optional<Clock::duration> took = timeToError(net, post, pending, child, &code);
+  requirePromptFailure(took, code, mark, "receiver's irecv");
   // Teardown as NCCL's abort does it: deregMr, then close, on the broken comm.
 }
 
@@ -121,7 +131,9 @@ TEST_CASE("failure", "killed_receiver", Scope::PerVersion) {
   void* pending = nullptr;
   REQUIRE_OK(postWithRetry(post, &pending, Deadline()));
   const uint64_t mark = logMark();
-  requirePromptFailure(timeToError(net, post, pending, child), mark, "sender's isend");
+  ncclResult_t code = ncclSuccess;
+  const std::optional<Clock::duration> took = timeToError(net, post, pending, child, &code);
+  requirePromptFailure(took, code, mark, "sender's isend");
 }
 
 }  // namespace conformance
