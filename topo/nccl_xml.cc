@@ -132,18 +132,6 @@ Element* cpuFor(const Topology& topology, const Gpu& gpu, Element* system) {
 
 }  // namespace
 
-std::vector<VirtualNic> placeVirtualNics(const Topology& topology,
-                                         const std::vector<std::pair<std::string, int>>& railOf) {
-  std::vector<VirtualNic> placed;
-  if (topology.gpus.empty()) return placed;
-  const int gpus = static_cast<int>(topology.gpus.size());
-  for (const auto& [name, rail] : railOf) {
-    if (rail < 0) continue;
-    placed.push_back({name, rail, rail % gpus});
-  }
-  return placed;
-}
-
 std::string ncclTopologyXml(const Topology& topology, const std::vector<VirtualNic>& nics) {
   Element system;
   system.tag = "system";

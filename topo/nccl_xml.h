@@ -16,10 +16,6 @@ struct VirtualNic {
   int gpu = -1;  // Topology::gpus index it sits next to
 };
 
-// Rail R sits next to GPU (R mod GPU count) in bus order. Empty when there is no GPU.
-std::vector<VirtualNic> placeVirtualNics(const Topology& topology,
-                                         const std::vector<std::pair<std::string, int>>& railOf);
-
 // <system version="1"> with one <cpu> per NUMA node that holds a GPU, each GPU under its PCIe switches, and
 // each virtual NIC as a PCI function (busid ffff:RR:00.0) beside its GPU, under the GPU's nearest switch. A GPU
 // with no switch and a virtual NIC gets a synthetic switch (busid fffe:GG:00.0) holding both, so NCCL sees the

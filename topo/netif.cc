@@ -12,36 +12,9 @@
 #include <memory>
 
 #include "railnet/log.h"
+#include "topo/name_filter.h"
 
 namespace railnet::topo {
-
-InterfaceFilter::InterfaceFilter(std::string_view spec) {
-  if (!spec.empty() && spec.front() == '^') {
-    exclude_ = true;
-    spec.remove_prefix(1);
-  }
-  if (!spec.empty() && spec.front() == '=') {
-    exact_ = true;
-    spec.remove_prefix(1);
-  }
-  while (!spec.empty()) {
-    size_t comma = spec.find(',');
-    std::string_view item = spec.substr(0, comma);
-    if (!item.empty()) names_.emplace_back(item);
-    if (comma == std::string_view::npos) break;
-    spec.remove_prefix(comma + 1);
-  }
-}
-
-bool InterfaceFilter::matches(std::string_view ifname) const {
-  bool listed = false;
-  for (const std::string& name : names_) {
-    listed = exact_ ? ifname == name : ifname.substr(0, name.size()) == name;
-    if (listed) break;
-  }
-  return exclude_ ? !listed : listed;
-}
-
 namespace {
 
 std::string sysfsPciPath(const std::string& ifname) {
@@ -80,7 +53,7 @@ bool usableAddress(const ifaddrs* entry) {
   return family == AF_INET || family == AF_INET6;
 }
 
-std::vector<NetInterface> collect(const ifaddrs* list, const InterfaceFilter& filter, bool autoSelect,
+std::vector<NetInterface> collect(const ifaddrs* list, const NameFilter& filter, bool autoSelect,
                                   bool loopbackOnly, int family) {
   std::vector<NetInterface> result;
   for (const ifaddrs* entry = list; entry != nullptr; entry = entry->ifa_next) {
@@ -124,7 +97,7 @@ std::vector<NetInterface> discoverInterfaces(std::string_view spec, std::string_
   ifaddrs* raw = nullptr;
   if (getifaddrs(&raw) != 0) return {};
   std::unique_ptr<ifaddrs, decltype(&freeifaddrs)> list(raw, freeifaddrs);
-  InterfaceFilter filter(spec);
+  NameFilter filter(spec, NameFilter::Syntax::kNames);
   int wanted = wantedFamily(family);
   if (!filter.empty()) return collect(list.get(), filter, false, false, wanted);
   std::vector<NetInterface> result = collect(list.get(), filter, true, false, wanted);

@@ -19,22 +19,10 @@ struct NetInterface {
   bool loopback = false;
 };
 
-// The NCCL_SOCKET_IFNAME grammar: "eth,ib" prefixes; "^docker,lo" excludes prefixes; a leading '=' makes the
-// names exact ("=eth0,eth1", "^=eth0").
-class InterfaceFilter {
- public:
-  explicit InterfaceFilter(std::string_view spec);
-  bool matches(std::string_view ifname) const;
-  bool empty() const { return names_.empty(); }
-
- private:
-  std::vector<std::string> names_;
-  bool exclude_ = false;
-  bool exact_ = false;
-};
-
 // Up interfaces with an address of the wanted family ("", "AF_INET" or "AF_INET6"), one entry per interface,
-// in the kernel's order. An empty spec means: all but lo and docker*, or lo when nothing else exists.
+// in the kernel's order. `spec` is in the NCCL_SOCKET_IFNAME grammar (topo/name_filter.h, Syntax::kNames: "eth,ib"
+// prefixes, "^docker,lo" excludes, "=eth0" exact). An empty spec means: all but lo and docker*, or lo when
+// nothing else exists.
 std::vector<NetInterface> discoverInterfaces(std::string_view spec, std::string_view family);
 
 // "1.2.3.4:5678" / "[::1]:5678".

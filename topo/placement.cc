@@ -5,7 +5,6 @@
 #include <cerrno>
 #include <cstdlib>
 #include <fstream>
-#include <map>
 #include <mutex>
 
 #include "railnet/error.h"
@@ -22,7 +21,6 @@ std::string lastComponent(const std::string& path) {
 
 struct Registry {
   std::mutex mutex;
-  std::map<std::string, int16_t, std::less<>> rails;
   std::string writtenFile;  // removed when the plugin is unloaded or the process exits
   ~Registry() {
     if (!writtenFile.empty()) unlink(writtenFile.c_str());
@@ -156,8 +154,6 @@ Placement placeNetDevices(const std::vector<NetDevice>& devices, const Settings&
 
   Registry& state = registry();
   std::lock_guard<std::mutex> lock(state.mutex);
-  state.rails.clear();
-  for (const NetDevice& device : placement.devices) state.rails[device.name] = device.railId;
   if (placement.ncclXml.empty()) return placement;
   const char* userFile = getenv("NCCL_TOPO_FILE");
   if (userFile != nullptr && userFile != state.writtenFile && !isRailnetFile(userFile)) {
@@ -173,13 +169,6 @@ Placement placeNetDevices(const std::vector<NetDevice>& devices, const Settings&
             path.c_str(), placement.virtualNics.size());
   }
   return placement;
-}
-
-int16_t placedRail(std::string_view deviceName) {
-  Registry& state = registry();
-  std::lock_guard<std::mutex> lock(state.mutex);
-  auto found = state.rails.find(deviceName);
-  return found == state.rails.end() ? int16_t{-1} : found->second;
 }
 
 }  // namespace railnet::topo

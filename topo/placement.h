@@ -43,12 +43,9 @@ Placement planPlacement(const Topology& topology, const RailPlan& plan, const st
 // a virtual NIC has a rail and RAILNET_WRITE_NCCL_TOPO=1 writes $TMPDIR/railnet-topo-<pid>.xml and sets
 // NCCL_TOPO_FILE to it unless the user set NCCL_TOPO_FILE. Logs what it did. A live machine hwloc cannot read
 // leaves the devices as they are (logged); a RAILNET_TOPO_XML or RAILNET_RAILS that does not parse throws
-// railnet::Error (ncclInvalidUsage). Also records each device's rail for placedRail().
+// railnet::Error (ncclInvalidUsage).
 Placement placeNetDevices(const std::vector<NetDevice>& devices);
 // The same with explicit settings (tests).
 Placement placeNetDevices(const std::vector<NetDevice>& devices, const Settings& config);
-
-// The rail placeNetDevices gave a device in this process, -1 when none (or before it ran). Thread-safe.
-int16_t placedRail(std::string_view deviceName);
 
 }  // namespace railnet::topo

@@ -11,7 +11,6 @@
 #include "base/cuda_driver.h"
 #include "railnet/error.h"
 #include "railnet/log.h"
-#include "railnet/settings.h"
 #include "topo/hwloc_api.h"
 
 namespace railnet::topo {
@@ -299,7 +298,5 @@ Topology loadTopology(const std::string& xmlFile) {
   if (live && !result.gpus.empty()) assignCudaOrdinals(&result);
   return result;
 }
-
-Topology loadConfiguredTopology() { return loadTopology(settings().topoXml); }
 
 }  // namespace railnet::topo

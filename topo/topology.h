@@ -81,9 +81,6 @@ PathType classify(const PciLocation& a, const PciLocation& b);
 // hwloc cannot load it. Live loads ask the CUDA driver for CUDA ordinals when it is present; XML loads never do.
 Topology loadTopology(const std::string& xmlFile);
 
-// RAILNET_TOPO_XML when set, else the live machine.
-Topology loadConfiguredTopology();
-
 // Without libhwloc (loadTopology falls back to it for the live machine): the same model read from sysfs under
 // `root` ("/sys"; tests point it at a fake tree). GPU models and NIC names come out the same as hwloc's;
 // packages get /proc/cpuinfo's first vendor/family/model.

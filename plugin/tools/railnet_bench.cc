@@ -18,8 +18,8 @@
 
 #include "plugin/tools/buffers.h"
 #include "plugin/tools/harness.h"
+#include "plugin/tools/net_plugin.h"
 #include "plugin/tools/options.h"
-#include "plugin/tools/plugin_loader.h"
 #include "plugin/tools/railnet_peer.h"
 #include "plugin/tools/raw_tcp.h"
 #include "plugin/tools/report.h"

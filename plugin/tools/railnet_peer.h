@@ -10,8 +10,8 @@
 
 #include "plugin/tools/buffers.h"
 #include "plugin/tools/harness.h"
+#include "plugin/tools/net_plugin.h"
 #include "plugin/tools/peer.h"
-#include "plugin/tools/plugin_loader.h"
 
 namespace railnet::bench {
 

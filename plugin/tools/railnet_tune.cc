@@ -20,10 +20,10 @@
 #include <string>
 #include <vector>
 
+#include "plugin/tools/tests_log.h"
 #include "plugin/tuner/calibration.h"
 #include "plugin/tuner/decide.h"
 #include "plugin/tuner/names.h"
-#include "plugin/tuner/tests_log.h"
 #include "railnet/nccl/tuner.h"
 
 using namespace railnet::tuner;

@@ -40,93 +40,8 @@ int portSpeedMbps(uint8_t activeWidth, uint32_t activeSpeed) {
   return width < 0 || speed < 0 ? 0 : kLanes[width] * kLaneMbps[speed];
 }
 
-namespace {
-
-// "" -> fallback; a malformed number is reported and also gives the fallback.
-template <typename Int>
-Int parseField(std::string_view text, Int fallback, std::string_view what, std::string_view entry) {
-  if (text.empty()) return fallback;
-  Int value{};
-  auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), value);
-  if (error != std::errc() || end != text.data() + text.size() || value < 0) {
-    RN_WARN("NET/railnet: RAILNET_IB_HCA entry \"%.*s\": %.*s \"%.*s\" is not a number; ignored",
-            static_cast<int>(entry.size()), entry.data(), static_cast<int>(what.size()), what.data(),
-            static_cast<int>(text.size()), text.data());
-    return fallback;
-  }
-  return value;
-}
-
-// Splits off the text before `separator` (all of it when absent).
-std::string_view nextToken(std::string_view* rest, char separator) {
-  size_t at = rest->find(separator);
-  std::string_view token = rest->substr(0, at);
-  rest->remove_prefix(at == std::string_view::npos ? rest->size() : at + 1);
-  return token;
-}
-
-}  // namespace
-
-HcaFilter::HcaFilter(std::string_view spec) {
-  if (!spec.empty() && spec.front() == '^') {
-    exclude_ = true;
-    spec.remove_prefix(1);
-  }
-  bool exact = false;
-  if (!spec.empty() && spec.front() == '=') {
-    exact = true;
-    spec.remove_prefix(1);
-  }
-  while (!spec.empty()) {
-    std::string_view item = nextToken(&spec, ',');
-    std::string_view fields = item;
-    std::string_view name = nextToken(&fields, ':');
-    if (name.empty()) continue;
-    if (name.front() == '^' || name.front() == '=') {
-      // Only valid at the very start; InterfaceFilter would otherwise read it as a per-entry mode.
-      RN_WARN("NET/railnet: RAILNET_IB_HCA entry \"%.*s\": '%c' is only allowed at the start; entry ignored",
-              static_cast<int>(item.size()), item.data(), name.front());
-      continue;
-    }
-    Entry entry{topo::InterfaceFilter((exact ? "=" : "") + std::string(name))};
-    entry.port = parseField<int>(nextToken(&fields, ':'), -1, "port", item);
-    entry.rail = parseField<int16_t>(nextToken(&fields, ':'), NCCL_NET_ID_UNDEF, "rail", item);
-    entry.plane = parseField<int16_t>(nextToken(&fields, ':'), NCCL_NET_ID_UNDEF, "plane", item);
-    entries_.push_back(std::move(entry));
-  }
-}
-
-const HcaFilter::Entry* HcaFilter::find(std::string_view device, int port) const {
-  for (const Entry& entry : entries_) {
-    if (entry.name.matches(device) && (entry.port < 0 || port < 0 || entry.port == port)) return &entry;
-  }
-  return nullptr;
-}
-
-bool HcaFilter::matches(std::string_view device, int port) const {
-  if (entries_.empty()) return true;
-  return (find(device, port) != nullptr) != exclude_;
-}
-
-bool HcaFilter::selectsDevice(std::string_view device) const {
-  if (entries_.empty()) return true;
-  if (!exclude_) return find(device, -1) != nullptr;
-  // Excluded outright only by an entry that names it without a port.
-  for (const Entry& entry : entries_) {
-    if (entry.port < 0 && entry.name.matches(device)) return false;
-  }
-  return true;
-}
-
-int16_t HcaFilter::railId(std::string_view device, int port) const {
-  const Entry* entry = exclude_ ? nullptr : find(device, port);
-  return entry != nullptr ? entry->rail : static_cast<int16_t>(NCCL_NET_ID_UNDEF);
-}
-
-int16_t HcaFilter::planeId(std::string_view device, int port) const {
-  const Entry* entry = exclude_ ? nullptr : find(device, port);
-  return entry != nullptr ? entry->plane : static_cast<int16_t>(NCCL_NET_ID_UNDEF);
-}
+// The RAILNET_IB_HCA filter reports "no rail / plane" as NCCL does.
+static_assert(topo::NameFilter::kNoId == NCCL_NET_ID_UNDEF);
 
 bool gidIsZero(const ibv_gid& gid) {
   for (uint8_t byte : gid.raw) {
@@ -305,7 +220,7 @@ bool chooseAddress(const IbvApi& api, ibv_context* context, const ibv_port_attr&
   return true;
 }
 
-void probeDevice(const IbvApi& api, ibv_device* device, const HcaFilter& filter, const DiscoveryOptions& options,
+void probeDevice(const IbvApi& api, ibv_device* device, const topo::NameFilter& filter, const DiscoveryOptions& options,
                  std::vector<VerbsPort>* found) {
   const char* rawName = api.getDeviceName(device);
   std::string name = rawName != nullptr ? rawName : device->name;
@@ -406,7 +321,7 @@ std::vector<VerbsPort> discover(const IbvApi& api, const DiscoveryOptions& optio
   auto freer = [&api](ibv_device** devices) { api.freeDeviceList(devices); };
   std::unique_ptr<ibv_device*, decltype(freer)> guard(list, freer);
 
-  HcaFilter filter(options.hca);
+  topo::NameFilter filter(options.hca);
   std::vector<VerbsPort> ports;
   for (int d = 0; d < count && list[d] != nullptr; ++d) {
     try {

@@ -14,6 +14,7 @@
 
 #include "proxy/transport.h"
 #include "proxy/verbs/ibverbs_api.h"
+#include "topo/name_filter.h"
 #include "topo/netif.h"
 
 namespace railnet::verbs {
@@ -23,34 +24,6 @@ namespace railnet::verbs {
 // 128 NDR 100, 256 XDR 200 Gb/s). XDR only exists in active_speed_ex, hence 32 bits. Rates are nominal,
 // as NCCL reports them. 0 when either code is unknown (or has more than one bit set).
 int portSpeedMbps(uint8_t activeWidth, uint32_t activeSpeed);
-
-// The NCCL_IB_HCA grammar: comma-separated `name[:port[:rail[:plane]]]` entries; names are prefixes, or exact
-// with a leading '='; a leading '^' (before any '=') excludes what the list names. An entry without a port
-// (or with an unparsable one, which is reported) covers every port. An empty list selects everything.
-class HcaFilter {
- public:
-  explicit HcaFilter(std::string_view spec);
-  bool matches(std::string_view device, int port) const;
-  // Whether any port of `device` can match (lets discovery skip opening devices the filter rules out).
-  bool selectsDevice(std::string_view device) const;
-  // Rail / plane ids of the first entry naming (device, port) in an including filter ("mlx5_0:1:3:0");
-  // NCCL_NET_ID_UNDEF when not given.
-  int16_t railId(std::string_view device, int port) const;
-  int16_t planeId(std::string_view device, int port) const;
-  bool empty() const { return entries_.empty(); }
-
- private:
-  struct Entry {
-    topo::InterfaceFilter name;  // one name, prefix or exact, in the RAILNET_IFNAME grammar
-    int port = -1;               // -1: any port
-    int16_t rail = NCCL_NET_ID_UNDEF;
-    int16_t plane = NCCL_NET_ID_UNDEF;
-  };
-  const Entry* find(std::string_view device, int port) const;
-
-  std::vector<Entry> entries_;
-  bool exclude_ = false;
-};
 
 // One populated slot of a port's GID table.
 struct GidEntry {
@@ -92,7 +65,7 @@ struct VerbsPort {
 };
 
 struct DiscoveryOptions {
-  std::string hca;                                  // RAILNET_IB_HCA
+  std::string hca;                                  // RAILNET_IB_HCA (topo::NameFilter's NCCL_IB_HCA grammar)
   int gidIndex = -1;                                // RAILNET_IB_GID_INDEX
   int family = AF_INET;                             // RAILNET_IB_ADDR_FAMILY
   std::string sysfsRoot = "/sys/class/infiniband";  // tests point this at a fake tree

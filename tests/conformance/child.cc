@@ -95,7 +95,7 @@ void receiveForever(NetApi& net, void* recvComm, size_t size, bool report) {
 
 void runChild(const ChildOptions& o) {
   PluginLibrary library(o.plugin);
-  std::unique_ptr<NetApi> net = library.api(o.version);
+  std::unique_ptr<NetApi> net = openApi(library, o.version);
   REQUIRE(net != nullptr, "child: version not exported");
   NetContext ctx(*net, 0xC41D);
   if (o.sender) {

@@ -8,7 +8,6 @@
 #include <string>
 
 #include "harness.h"
-#include "loader.h"
 
 namespace conformance {
 

@@ -5,10 +5,12 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <climits>
 #include <cstdarg>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <iterator>
 #include <thread>
 
@@ -248,6 +250,23 @@ int groupRank(const char* group) {
 
 }  // namespace
 
+std::unique_ptr<NetApi> openApi(const PluginLibrary& library, int version) {
+  return library.api(version, captureLogger(), captureProfiler());
+}
+
+bool isMapped(const std::string& path) {
+  char resolved[PATH_MAX];
+  const std::string wanted = realpath(path.c_str(), resolved) ? std::string(resolved) : path;
+  std::ifstream maps("/proc/self/maps");
+  std::string line;
+  while (std::getline(maps, line)) {
+    if (line.size() >= wanted.size() && line.compare(line.size() - wanted.size(), wanted.size(), wanted) == 0) {
+      return true;
+    }
+  }
+  return false;
+}
+
 const Options& options() { return gOptions; }
 
 int startupThreadCount() { return gStartupThreads; }
@@ -440,7 +459,7 @@ int runHarness(int argc, char** argv) {
       } else if (!shared) {
         try {
           shared = std::make_unique<PluginLibrary>(gOptions.plugin);
-          api = shared->api(v);
+          api = openApi(*shared, v);
         } catch (const std::exception& e) {
           recordFailure(name, e.what());
           continue;

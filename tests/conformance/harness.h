@@ -13,9 +13,24 @@
 #include <thread>
 #include <vector>
 
-#include "loader.h"
+#include "plugin/tools/nccl_loader.h"
 
 namespace conformance {
+
+// The net ABI loader, shared with railnet-bench (plugin/tools/nccl_loader.h).
+using railnet::nccl_loader::DevComm;
+using railnet::nccl_loader::DeviceProps;
+using railnet::nccl_loader::kSupportedVersions;
+using railnet::nccl_loader::NetApi;
+using railnet::nccl_loader::PluginLibrary;
+using railnet::nccl_loader::symbolName;
+
+// library.api(version) with the logger and profiler NCCL would pass: log_capture's, so tests can see WARNs.
+std::unique_ptr<NetApi> openApi(const PluginLibrary& library, int version);
+
+// True while a library whose path ends like `path` is still mapped in this process (after dlclose: it was
+// not unloaded, e.g. because of STB_GNU_UNIQUE symbols).
+bool isMapped(const std::string& path);
 
 struct Options {
   std::string plugin;

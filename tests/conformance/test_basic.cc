@@ -33,7 +33,7 @@ TEST_CASE("basic", "exports", Scope::Once) {
   REQUIRE(library.newestVersion() == 12,
           strf("NCCL's loader (newest first) would pick v%d, expected v12", library.newestVersion()));
   for (int v : kSupportedVersions) {
-    std::unique_ptr<NetApi> net = library.api(v);
+    std::unique_ptr<NetApi> net = openApi(library, v);
     REQUIRE(net != nullptr, symbolName(v) + " is not exported");
     REQUIRE(
         net->name() && std::strcmp(net->name(), "railnet") == 0,

@@ -32,7 +32,7 @@ constexpr size_t kEagerBytes = 224;               // verbs: a message this small
 
 // This pass's own load of the plugin (fusion state is per load), its API, and its raw makeVDevice.
 struct FusionLoad {
-  explicit FusionLoad(const TestEnv& env) : library(options().plugin), net(library.api(env.version)) {
+  explicit FusionLoad(const TestEnv& env) : library(options().plugin), net(openApi(library, env.version)) {
     REQUIRE(net != nullptr, "symbol vanished on reload");
     raw = library.symbol(symbolName(env.version).c_str());
   }

@@ -147,7 +147,7 @@ TEST_CASE("lifecycle", "reload_cycles", Scope::PerVersionOwnLoad) {
   for (int cycle = 0; cycle < 3; ++cycle) {
     {
       PluginLibrary library(options().plugin);
-      std::unique_ptr<NetApi> net = library.api(env.version);
+      std::unique_ptr<NetApi> net = openApi(library, env.version);
       REQUIRE(net != nullptr, "symbol vanished on reload");
       for (int i = 0; i < 2; ++i) NetContext(*net, nextCommId()).finalize();  // init/finalize with no traffic
       NetContext sendCtx(*net, nextCommId());

@@ -89,7 +89,7 @@ TEST_CASE("verbs", "iflush_read", Scope::Once) {
   ScopedEnv forceFlush("RAILNET_IB_FLUSH", "1");  // the real READ, on host memory
   const uint64_t mark = logMark();
   PluginLibrary library(*env.pluginPath);
-  std::unique_ptr<NetApi> net = library.api(library.newestVersion());
+  std::unique_ptr<NetApi> net = openApi(library, library.newestVersion());
   REQUIRE(net != nullptr, "no plugin symbol");
   {
     LinkedPair pair(*net, 0);
@@ -146,7 +146,7 @@ TEST_CASE("verbs", "flush_off_and_auto", Scope::Once) {
   for (const char* mode : {"auto", "0"}) {
     ScopedEnv setting("RAILNET_IB_FLUSH", mode);
     PluginLibrary library(*env.pluginPath);
-    std::unique_ptr<NetApi> net = library.api(library.newestVersion());
+    std::unique_ptr<NetApi> net = openApi(library, library.newestVersion());
     LinkedPair pair(*net, 0);
     HostBuffer send(kSize), recv(kSize);
     Registration sendReg(*net, pair.conn.send.get(), send.data(), kSize);
@@ -167,7 +167,7 @@ TEST_CASE("verbs", "async_thread_and_counters", Scope::Once) {
   const bool fresh = !isMapped(options().plugin);
   {
     PluginLibrary library(*env.pluginPath);
-    std::unique_ptr<NetApi> net = library.api(library.newestVersion());
+    std::unique_ptr<NetApi> net = openApi(library, library.newestVersion());
     {
       LinkedPair pair(*net, 0);
       const bool verbs = verbsLoaded(mark);

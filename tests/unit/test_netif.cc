@@ -2,12 +2,13 @@
 
 #include <netinet/in.h>
 
+#include "topo/name_filter.h"
 #include "topo/netif.h"
 
-using railnet::topo::InterfaceFilter;
+using railnet::topo::NameFilter;
 
 TEST_CASE("interface prefixes select by prefix", "[netif]") {
-  InterfaceFilter filter("eth,ib");
+  NameFilter filter("eth,ib");
   CHECK(filter.matches("eth0"));
   CHECK(filter.matches("ib1"));
   CHECK_FALSE(filter.matches("lo"));
@@ -15,25 +16,25 @@ TEST_CASE("interface prefixes select by prefix", "[netif]") {
 }
 
 TEST_CASE("a caret excludes prefixes", "[netif]") {
-  InterfaceFilter filter("^docker,lo");
+  NameFilter filter("^docker,lo");
   CHECK(filter.matches("eth0"));
   CHECK_FALSE(filter.matches("docker0"));
   CHECK_FALSE(filter.matches("lo"));
 }
 
 TEST_CASE("an equals sign makes names exact", "[netif]") {
-  InterfaceFilter exact("=eth0,eth2");
+  NameFilter exact("=eth0,eth2");
   CHECK(exact.matches("eth0"));
   CHECK_FALSE(exact.matches("eth01"));
   CHECK_FALSE(exact.matches("eth1"));
-  InterfaceFilter excludeExact("^=eth0");
+  NameFilter excludeExact("^=eth0");
   CHECK_FALSE(excludeExact.matches("eth0"));
   CHECK(excludeExact.matches("eth01"));
 }
 
 TEST_CASE("an empty spec is empty", "[netif]") {
-  CHECK(InterfaceFilter("").empty());
-  CHECK_FALSE(InterfaceFilter("lo").empty());
+  CHECK(NameFilter("").empty());
+  CHECK_FALSE(NameFilter("lo").empty());
 }
 
 TEST_CASE("loopback is found when asked for by name", "[netif]") {

@@ -310,8 +310,6 @@ TEST_CASE("at init the topology file is written and NCCL_TOPO_FILE set, but neve
   std::ifstream written(expectedPath);
   std::string text((std::istreambuf_iterator<char>(written)), std::istreambuf_iterator<char>());
   CHECK(text == placed.ncclXml);
-  CHECK(railnet::topo::placedRail("lo@127.0.2.1") == 1);
-  CHECK(railnet::topo::placedRail("nonexistent") == -1);
 
   setenv("NCCL_TOPO_FILE", "/user/own.xml", 1);
   railnet::topo::placeNetDevices(rails, config);

@@ -7,7 +7,7 @@
 #include <fstream>
 #include <string>
 
-#include "plugin/tuner/tests_log.h"
+#include "plugin/tools/tests_log.h"
 #include "railnet/nccl/tuner.h"
 
 using namespace railnet::tuner;

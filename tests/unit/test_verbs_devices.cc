@@ -15,9 +15,10 @@
 #include "proxy/verbs/devices.h"
 #include "proxy/verbs/ibverbs_api.h"
 #include "railnet/log.h"
+#include "topo/name_filter.h"
 
+using railnet::topo::NameFilter;
 using railnet::verbs::GidEntry;
-using railnet::verbs::HcaFilter;
 using railnet::verbs::portSpeedMbps;
 using railnet::verbs::selectGidIndex;
 
@@ -64,7 +65,7 @@ TEST_CASE("unknown port speed or width codes give 0", "[verbs]") {
 }
 
 TEST_CASE("an empty HCA list selects every device and port", "[verbs]") {
-  HcaFilter all("");
+  NameFilter all("");
   CHECK(all.empty());
   CHECK(all.matches("mlx5_0", 1));
   CHECK(all.matches("rxe0", 2));
@@ -73,7 +74,7 @@ TEST_CASE("an empty HCA list selects every device and port", "[verbs]") {
 }
 
 TEST_CASE("HCA names are prefixes by default", "[verbs]") {
-  HcaFilter filter("mlx5_1,rxe");
+  NameFilter filter("mlx5_1,rxe");
   CHECK(filter.matches("mlx5_1", 1));
   CHECK(filter.matches("mlx5_10", 1));  // a prefix, as in NCCL_IB_HCA
   CHECK(filter.matches("rxe0", 1));
@@ -83,7 +84,7 @@ TEST_CASE("HCA names are prefixes by default", "[verbs]") {
 }
 
 TEST_CASE("a leading = makes HCA names exact", "[verbs]") {
-  HcaFilter filter("=mlx5_1,mlx5_2");
+  NameFilter filter("=mlx5_1,mlx5_2");
   CHECK(filter.matches("mlx5_1", 1));
   CHECK(filter.matches("mlx5_2", 1));
   CHECK_FALSE(filter.matches("mlx5_10", 1));
@@ -91,7 +92,7 @@ TEST_CASE("a leading = makes HCA names exact", "[verbs]") {
 }
 
 TEST_CASE("a leading ^ excludes HCAs", "[verbs]") {
-  HcaFilter prefix("^mlx5_0,rxe");
+  NameFilter prefix("^mlx5_0,rxe");
   CHECK_FALSE(prefix.matches("mlx5_0", 1));
   CHECK_FALSE(prefix.matches("mlx5_01", 1));
   CHECK_FALSE(prefix.matches("rxe0", 1));
@@ -99,32 +100,32 @@ TEST_CASE("a leading ^ excludes HCAs", "[verbs]") {
   CHECK_FALSE(prefix.selectsDevice("rxe0"));
   CHECK(prefix.railId("mlx5_1", 1) == NCCL_NET_ID_UNDEF);
 
-  HcaFilter exact("^=mlx5_0");
+  NameFilter exact("^=mlx5_0");
   CHECK_FALSE(exact.matches("mlx5_0", 1));
   CHECK(exact.matches("mlx5_01", 1));
 }
 
 TEST_CASE("HCA entries can name ports", "[verbs]") {
-  HcaFilter filter("mlx5_0:1,mlx5_1");
+  NameFilter filter("mlx5_0:1,mlx5_1");
   CHECK(filter.matches("mlx5_0", 1));
   CHECK_FALSE(filter.matches("mlx5_0", 2));
   CHECK(filter.matches("mlx5_1", 1));
   CHECK(filter.matches("mlx5_1", 2));
   CHECK(filter.selectsDevice("mlx5_0"));
 
-  HcaFilter excludePort("^mlx5_0:2");
+  NameFilter excludePort("^mlx5_0:2");
   CHECK(excludePort.matches("mlx5_0", 1));
   CHECK_FALSE(excludePort.matches("mlx5_0", 2));
   CHECK(excludePort.selectsDevice("mlx5_0"));  // port 1 is still wanted
 
-  HcaFilter exactPort("=mlx5_1:2");
+  NameFilter exactPort("=mlx5_1:2");
   CHECK(exactPort.matches("mlx5_1", 2));
   CHECK_FALSE(exactPort.matches("mlx5_1", 1));
   CHECK_FALSE(exactPort.matches("mlx5_10", 2));
 }
 
 TEST_CASE("HCA entries carry rail and plane ids", "[verbs]") {
-  HcaFilter filter("mlx5_0:1:3:1,mlx5_1::4");
+  NameFilter filter("mlx5_0:1:3:1,mlx5_1::4");
   CHECK(filter.railId("mlx5_0", 1) == 3);
   CHECK(filter.planeId("mlx5_0", 1) == 1);
   CHECK(filter.railId("mlx5_1", 2) == 4);  // empty port: any port
@@ -132,14 +133,14 @@ TEST_CASE("HCA entries carry rail and plane ids", "[verbs]") {
 }
 
 TEST_CASE("malformed HCA entries are reported and made harmless", "[verbs]") {
-  HcaFilter badPort("mlx5_0:x");  // port ignored: every port of mlx5_0
+  NameFilter badPort("mlx5_0:x");  // port ignored: every port of mlx5_0
   CHECK(badPort.matches("mlx5_0", 1));
   CHECK(badPort.matches("mlx5_0", 2));
-  HcaFilter misplaced("mlx5_0,^mlx5_1");  // '^' inside the list is not a mode switch
+  NameFilter misplaced("mlx5_0,^mlx5_1");  // '^' inside the list is not a mode switch
   CHECK(misplaced.matches("mlx5_0", 1));
   CHECK_FALSE(misplaced.matches("mlx5_1", 1));
   CHECK_FALSE(misplaced.matches("rxe0", 1));
-  HcaFilter empties(",,mlx5_0,,");
+  NameFilter empties(",,mlx5_0,,");
   CHECK(empties.matches("mlx5_0", 1));
   CHECK_FALSE(empties.matches("rxe0", 1));
 }

@@ -1,11 +1,14 @@
-// Loads a net plugin exactly as NCCL does (dlopen RTLD_NOW | RTLD_LOCAL, ncclNetPlugin_v12 else _v11) and gives
-// the bench one set of calls over both versions: their function tables differ only in the property structs.
+// The bench's view of a net plugin: loaded by the shared NCCL loader (plugin/tools/nccl_loader.h: dlopen as NCCL
+// does, the newest exported ncclNetPlugin_vN, NCCL's per-version shims), with the bench's conveniences on top:
+// BenchError on failure, its own logger, host-memory registration, one buffer per receive.
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
+#include "plugin/tools/nccl_loader.h"
 #include "railnet/nccl/net.h"
 
 namespace railnet::bench {
@@ -33,20 +36,21 @@ class NetPlugin {
   static void setVerbose(bool verbose) noexcept;
 
   const std::string& path() const noexcept { return path_; }
-  const char* symbol() const noexcept { return v12_ ? "ncclNetPlugin_v12" : "ncclNetPlugin_v11"; }
+  const std::string& symbol() const noexcept { return symbol_; }
   const char* name() const noexcept;
 
   // Throws BenchError naming the call when `result` is not ncclSuccess.
   static void check(ncclResult_t result, const char* call);
 
-  // init/finalize are per communicator from v11 on: one ctx per bench run.
+  // init/finalize are per communicator from v11 on (the loader gives v8..v10 NCCL's once-per-load shim): one ctx
+  // per bench run.
   ncclResult_t init(void** ctx, uint64_t commId) const;
-  ncclResult_t finalize(void* ctx) const;  // ncclSuccess when the plugin has no finalize
+  ncclResult_t finalize(void* ctx) const;
   ncclResult_t devices(int* count) const;
   ncclResult_t properties(int dev, DeviceProps* props) const;
-  // NIC fusion (ABI v9+; the bench loads v12 or v11, both have it): a virtual device over `children`, at most 8
-  // (v12) or 4 (v11, the size of its vProps.devs). Throws BenchError when the table has no makeVDevice or the
-  // count does not fit; the plugin's own refusal comes back as its result.
+  // NIC fusion (ABI v9+): a virtual device over `children`, at most 8 (v12) or 4 (v9..v11, the size of their
+  // vProps.devs). Throws BenchError when the table has no makeVDevice or the count does not fit; the plugin's own
+  // refusal comes back as its result.
   ncclResult_t makeVDevice(int* dev, const std::vector<int>& children) const;
 
   ncclResult_t listen(void* ctx, int dev, void* handle, void** listenComm) const;
@@ -62,16 +66,10 @@ class NetPlugin {
   ncclResult_t closeListen(void* listenComm) const;
 
  private:
-  // Calls `f` with whichever table was loaded; both have the same member names.
-  template <class F>
-  ncclResult_t dispatch(F&& f) const {
-    return v12_ ? f(*v12_) : f(*v11_);
-  }
-
   std::string path_;
-  void* library_ = nullptr;
-  const ncclNet_v12_t* v12_ = nullptr;
-  const ncclNet_v11_t* v11_ = nullptr;
+  std::string symbol_;
+  std::unique_ptr<nccl_loader::PluginLibrary> library_;
+  std::unique_ptr<nccl_loader::NetApi> net_;
 };
 
 }  // namespace railnet::bench

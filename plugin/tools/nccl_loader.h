@@ -1,7 +1,11 @@
-// Loads the plugin the way NCCL does (dlopen RTLD_NOW|RTLD_LOCAL, versioned data symbols newest first) and
+// Loads a net plugin the way NCCL does (dlopen RTLD_NOW|RTLD_LOCAL, versioned data symbols newest first) and
 // adapts every ABI version to one interface shaped like NCCL's internal ncclNet_t (v12), mirroring NCCL's own
 // compatibility shims in src/plugin/net/net_vN.cc: v8 narrows sizes to int and clears the optional-completion
 // marker, v8..v10 are initialised once per load with a reference count, v10 gets its comm config through ctx.
+//
+// The one loader of NCCL's net ABI: railnet-bench (plugin/tools) and the conformance harness (tests/conformance)
+// both use it. It links nothing of railnet (only libdl and the ABI headers in include/), so the harness still
+// drives the real .so as NCCL does.
 #pragma once
 
 #include <cstddef>
@@ -13,7 +17,7 @@
 
 #include "railnet/nccl/net.h"
 
-namespace conformance {
+namespace railnet::nccl_loader {
 
 // Newest first, as NCCL's ncclNetVersion[] lists them; the harness can drive 8..12.
 inline constexpr int kSupportedVersions[] = {12, 11, 10, 9, 8};
@@ -77,14 +81,20 @@ class NetApi {
   virtual ncclResult_t closeSend(void* sendComm) = 0;
   virtual ncclResult_t closeRecv(void* recvComm) = 0;
   virtual ncclResult_t closeListen(void* listenComm) = 0;
+
+  // NIC fusion (v9+): how many children a virtual device may have (the size of the version's vProps.devs), 0
+  // when the version or the plugin has no makeVDevice.
+  virtual int vDeviceRoom() const = 0;
+  // makeVDevice over `children` (1..vDeviceRoom()); ncclInvalidUsage, without calling the plugin, outside that.
+  virtual ncclResult_t makeVDevice(int* dev, const std::vector<int>& children) = 0;
 };
 
 // A dlopen'ed plugin; dlclose on destruction.
 class PluginLibrary {
  public:
-  // Throws std::runtime_error with dlerror() when the library cannot be opened.
+  // Throws std::runtime_error ("cannot dlopen <path>: <dlerror()>") when the library cannot be opened.
   explicit PluginLibrary(const std::string& path);
-  ~PluginLibrary();
+  ~PluginLibrary();  // dlclose, unless close() already ran
   PluginLibrary(const PluginLibrary&) = delete;
   PluginLibrary& operator=(const PluginLibrary&) = delete;
 
@@ -93,18 +103,18 @@ class PluginLibrary {
   bool exports(int version) const;
   // The version NCCL's loader would pick (first of kLoaderVersions found), 0 if none.
   int newestVersion() const;
-  // The adapter for `version`, or nullptr when that symbol is not exported.
-  std::unique_ptr<NetApi> api(int version) const;
+  // The adapter for `version`, or nullptr when that symbol is not exported (or the version is not one of
+  // kSupportedVersions). `logger` and `profiler` are what init passes the plugin, as NCCL passes its own.
+  std::unique_ptr<NetApi> api(int version, ncclDebugLogger_t logger, ncclProfilerCallback_t profiler) const;
+  // dlclose now; "" on success, else dlerror(). Every NetApi of this library must be gone.
+  std::string close();
 
  private:
   std::string path_;
   void* handle_ = nullptr;
 };
 
+// "ncclNetPlugin_v<version>".
 std::string symbolName(int version);
 
-// True while a library whose path ends like `path` is still mapped in this process (after dlclose: it was
-// not unloaded, e.g. because of STB_GNU_UNIQUE symbols).
-bool isMapped(const std::string& path);
-
-}  // namespace conformance
+}  // namespace railnet::nccl_loader

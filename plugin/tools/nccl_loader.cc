@@ -1,48 +1,29 @@
-#include "loader.h"
+#include "plugin/tools/nccl_loader.h"
 
 #include <dlfcn.h>
 
-#include <climits>
-#include <cstdlib>
-#include <fstream>
 #include <stdexcept>
+#include <tuple>
 #include <type_traits>
 
-#include "log_capture.h"
-
-namespace conformance {
+namespace railnet::nccl_loader {
 namespace {
 
+// ncclNetPlugin_vN's table; the structs it takes follow from its calls (PointeeOf).
 template <int V>
 struct Abi;
-template <>
-struct Abi<8> {
-  using Table = ncclNet_v8_t;
-  using Props = ncclNetProperties_v8_t;
-};
-template <>
-struct Abi<9> {
-  using Table = ncclNet_v9_t;
-  using Props = ncclNetProperties_v9_t;
-};
-template <>
-struct Abi<10> {
-  using Table = ncclNet_v10_t;
-  using Props = ncclNetProperties_v10_t;
-};
-template <>
-struct Abi<11> {
-  using Table = ncclNet_v11_t;
-  using Props = ncclNetProperties_v11_t;
-  using Config = ncclNetCommConfig_v11_t;
-  using Attr = ncclNetAttr_v11_t;
-};
-template <>
-struct Abi<12> {
-  using Table = ncclNet_v12_t;
-  using Props = ncclNetProperties_v12_t;
-  using Config = ncclNetCommConfig_v12_t;
-  using Attr = ncclNetAttr_v12_t;
+template <> struct Abi<8> { using Table = ncclNet_v8_t; };
+template <> struct Abi<9> { using Table = ncclNet_v9_t; };
+template <> struct Abi<10> { using Table = ncclNet_v10_t; };
+template <> struct Abi<11> { using Table = ncclNet_v11_t; };
+template <> struct Abi<12> { using Table = ncclNet_v12_t; };
+
+// What argument I of the function pointer type F points to.
+template <class F, size_t I>
+struct PointeeOf;
+template <class R, class... Args, size_t I>
+struct PointeeOf<R (*)(Args...), I> {
+  using type = std::remove_pointer_t<std::tuple_element_t<I, std::tuple<Args...>>>;
 };
 
 // What NCCL's v8 shim allows through its int-sized calls (MAX_NET_SIZE).
@@ -52,11 +33,12 @@ constexpr int kMaxRecvBuffers = 8;  // NCCL_PROXY_MAX_SUBS bounds n in the shims
 template <int V>
 class Adapter final : public NetApi {
   using Table = typename Abi<V>::Table;
-  using Props = typename Abi<V>::Props;
+  using Props = typename PointeeOf<decltype(Table::getProperties), 1>::type;
   static constexpr bool kPerCommInit = V >= 11;
 
  public:
-  explicit Adapter(const Table* table) : t_(table) {}
+  Adapter(const Table* table, ncclDebugLogger_t logger, ncclProfilerCallback_t profiler)
+      : t_(table), logger_(logger), profiler_(profiler) {}
 
   int version() const override { return V; }
   const char* name() const override { return t_->name; }
@@ -66,32 +48,32 @@ class Adapter final : public NetApi {
     auto need = [&](const void* fn, const char* fnName) {
       if (!fn) missing.push_back(fnName);
     };
-#define CONFORMANCE_NEED(field) need(reinterpret_cast<const void*>(t_->field), #field)
-    CONFORMANCE_NEED(init);
-    CONFORMANCE_NEED(devices);
-    CONFORMANCE_NEED(getProperties);
-    CONFORMANCE_NEED(listen);
-    CONFORMANCE_NEED(connect);
-    CONFORMANCE_NEED(accept);
-    CONFORMANCE_NEED(regMr);
-    CONFORMANCE_NEED(deregMr);
-    CONFORMANCE_NEED(isend);
-    CONFORMANCE_NEED(irecv);
-    CONFORMANCE_NEED(iflush);
-    CONFORMANCE_NEED(test);
-    CONFORMANCE_NEED(closeSend);
-    CONFORMANCE_NEED(closeRecv);
-    CONFORMANCE_NEED(closeListen);
-    if constexpr (kPerCommInit) CONFORMANCE_NEED(finalize);
-#undef CONFORMANCE_NEED
+#define LOADER_NEED(field) need(reinterpret_cast<const void*>(t_->field), #field)
+    LOADER_NEED(init);
+    LOADER_NEED(devices);
+    LOADER_NEED(getProperties);
+    LOADER_NEED(listen);
+    LOADER_NEED(connect);
+    LOADER_NEED(accept);
+    LOADER_NEED(regMr);
+    LOADER_NEED(deregMr);
+    LOADER_NEED(isend);
+    LOADER_NEED(irecv);
+    LOADER_NEED(iflush);
+    LOADER_NEED(test);
+    LOADER_NEED(closeSend);
+    LOADER_NEED(closeRecv);
+    LOADER_NEED(closeListen);
+    if constexpr (kPerCommInit) LOADER_NEED(finalize);
+#undef LOADER_NEED
     return missing;
   }
 
   ncclResult_t init(void** ctx, uint64_t commId, int trafficClass) override {
     *ctx = nullptr;
     if constexpr (kPerCommInit) {
-      typename Abi<V>::Config config{trafficClass};
-      return t_->init(ctx, commId, &config, captureLogger(), captureProfiler());
+      typename PointeeOf<decltype(Table::init), 2>::type config{trafficClass};  // ncclNetCommConfig_vN_t
+      return t_->init(ctx, commId, &config, logger_, profiler_);
     } else {
       // NCCL's shims init a pre-v11 plugin only when their reference count is 0, and (v10) keep the comm
       // config in ctx for connect.
@@ -99,9 +81,9 @@ class Adapter final : public NetApi {
       if (refCount_ == 0) {
         ncclResult_t rc;
         if constexpr (V == 10) {
-          rc = t_->init(captureLogger(), captureProfiler());
+          rc = t_->init(logger_, profiler_);
         } else {
-          rc = t_->init(captureLogger());
+          rc = t_->init(logger_);
         }
         if (rc != ncclSuccess) return rc;
       }
@@ -126,7 +108,7 @@ class Adapter final : public NetApi {
     if constexpr (kPerCommInit) {
       if (!t_->setNetAttr) return;
       // What NCCL's setupNetAttrs/setXferNetAttrs pass for a 2-rank communicator.
-      typename Abi<V>::Attr attr{};
+      typename PointeeOf<decltype(Table::setNetAttr), 1>::type attr{};  // ncclNetAttr_vN_t
       attr.sendCommAttr = {1, 1, p2p ? 2 : 4, 1};
       attr.recvCommAttr = attr.sendCommAttr;
       attr.op = p2p ? 0x3u : ~0u;
@@ -253,16 +235,40 @@ class Adapter final : public NetApi {
   ncclResult_t closeRecv(void* recvComm) override { return t_->closeRecv(recvComm); }
   ncclResult_t closeListen(void* listenComm) override { return t_->closeListen(listenComm); }
 
+  int vDeviceRoom() const override {
+    if constexpr (V >= 9) {
+      constexpr int kRoom = sizeof(Props::vProps.devs) / sizeof(int);
+      return t_->makeVDevice != nullptr ? kRoom : 0;
+    } else {
+      return 0;
+    }
+  }
+
+  ncclResult_t makeVDevice(int* dev, const std::vector<int>& children) override {
+    if (children.empty() || children.size() > static_cast<size_t>(vDeviceRoom())) return ncclInvalidUsage;
+    if constexpr (V >= 9) {
+      decltype(Props::vProps) props{};
+      props.ndevs = static_cast<int>(children.size());
+      for (size_t i = 0; i < children.size(); ++i) props.devs[i] = children[i];
+      return t_->makeVDevice(dev, &props);
+    } else {
+      (void)dev;
+      return ncclInvalidUsage;
+    }
+  }
+
  private:
   const Table* t_;
+  ncclDebugLogger_t logger_;
+  ncclProfilerCallback_t profiler_;
   std::mutex mutex_;
   int refCount_ = 0;
   void* profilerSlot_ = nullptr;  // never written by the harness; plugins may store an event handle in it
 };
 
 template <int V>
-std::unique_ptr<NetApi> makeAdapter(void* symbol) {
-  return std::make_unique<Adapter<V>>(static_cast<const typename Abi<V>::Table*>(symbol));
+std::unique_ptr<NetApi> makeAdapter(void* symbol, ncclDebugLogger_t logger, ncclProfilerCallback_t profiler) {
+  return std::make_unique<Adapter<V>>(static_cast<const typename Abi<V>::Table*>(symbol), logger, profiler);
 }
 
 }  // namespace
@@ -273,12 +279,21 @@ PluginLibrary::PluginLibrary(const std::string& path) : path_(path) {
   handle_ = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
   if (!handle_) {
     const char* err = dlerror();
-    throw std::runtime_error("dlopen(" + path + ") failed: " + (err ? err : "unknown error"));
+    throw std::runtime_error("cannot dlopen " + path + ": " + (err ? err : "unknown error"));
   }
 }
 
 PluginLibrary::~PluginLibrary() {
   if (handle_) dlclose(handle_);
+}
+
+std::string PluginLibrary::close() {
+  if (!handle_) return "";
+  void* handle = handle_;
+  handle_ = nullptr;
+  if (dlclose(handle) == 0) return "";
+  const char* err = dlerror();
+  return err ? err : "unknown error";
 }
 
 void* PluginLibrary::symbol(const char* name) const { return dlsym(handle_, name); }
@@ -292,30 +307,18 @@ int PluginLibrary::newestVersion() const {
   return 0;
 }
 
-std::unique_ptr<NetApi> PluginLibrary::api(int version) const {
+std::unique_ptr<NetApi> PluginLibrary::api(int version, ncclDebugLogger_t logger,
+                                           ncclProfilerCallback_t profiler) const {
   void* table = symbol(symbolName(version).c_str());
   if (!table) return nullptr;
   switch (version) {
-    case 8: return makeAdapter<8>(table);
-    case 9: return makeAdapter<9>(table);
-    case 10: return makeAdapter<10>(table);
-    case 11: return makeAdapter<11>(table);
-    case 12: return makeAdapter<12>(table);
+    case 8: return makeAdapter<8>(table, logger, profiler);
+    case 9: return makeAdapter<9>(table, logger, profiler);
+    case 10: return makeAdapter<10>(table, logger, profiler);
+    case 11: return makeAdapter<11>(table, logger, profiler);
+    case 12: return makeAdapter<12>(table, logger, profiler);
     default: return nullptr;
   }
 }
 
-bool isMapped(const std::string& path) {
-  char resolved[PATH_MAX];
-  const std::string wanted = realpath(path.c_str(), resolved) ? std::string(resolved) : path;
-  std::ifstream maps("/proc/self/maps");
-  std::string line;
-  while (std::getline(maps, line)) {
-    if (line.size() >= wanted.size() && line.compare(line.size() - wanted.size(), wanted.size(), wanted) == 0) {
-      return true;
-    }
-  }
-  return false;
-}
-
-}  // namespace conformance
+}  // namespace railnet::nccl_loader

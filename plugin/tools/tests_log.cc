@@ -1,4 +1,4 @@
-#include "plugin/tuner/tests_log.h"
+#include "plugin/tools/tests_log.h"
 
 #include <cmath>
 #include <cstdlib>
