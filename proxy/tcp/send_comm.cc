@@ -21,8 +21,8 @@ TcpSendComm::TcpSendComm(Fd control, std::vector<Fd> data, const SocketAddress& 
     : link_(std::move(control), std::move(data), peer, "send"),
       requests_(kSendRequests, [this](SendRequest& request) { request.comm_ = this; }) {
   const Settings& config = settings();
-  inlineBytes_ = static_cast<uint64_t>(std::max<int64_t>(config.tcpInlineBytes, 0));
-  minChunkBytes_ = static_cast<uint64_t>(std::max<int64_t>(config.tcpMinChunkBytes, 4096));
+  inlineBytes_ = static_cast<uint64_t>(config.tcpInlineBytes);      // >= 0 (settings table)
+  minChunkBytes_ = static_cast<uint64_t>(config.tcpMinChunkBytes);  // >= 4096 (settings table)
   link_.setCounters(layout);
   link_.start(this);
   lanes_ = std::clamp(static_cast<int>(layout.lanes.size()), 1, std::max(1, link_.streamCount()));

@@ -14,9 +14,7 @@ VerbsRecvComm::VerbsRecvComm(std::vector<std::shared_ptr<VerbsDevice>> lanes, in
                              const tcp::SocketAddress& peer, const QpOptions& options)
     : link_(std::move(lanes), peerLanes, std::move(control), peer, "receive", options) {
   for (VerbsRecvRequest& entry : ring_) entry.comm_ = this;
-  std::string why;
-  flushMode_ = parseFlushMode(settings().ibFlush, &why);
-  if (!why.empty()) RN_WARN("NET/railnet: %s", why.c_str());
+  flushMode_ = settings().ibFlush;  // parsed and validated once, with the other settings
   flushRequests_.resize(64);
   for (VerbsFlushRequest& flush : flushRequests_) flush.comm_ = this;
   flush_.resize(static_cast<size_t>(link_.lanes()));
