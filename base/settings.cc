@@ -2,72 +2,166 @@
 
 #include <cerrno>
 #include <cstdlib>
-
-#include "railnet/log.h"
+#include <cstddef>
+#include <cstring>
+#include <limits>
 
 namespace railnet {
 namespace {
 
+template <class T>
+struct Spelling {
+  const char* text;
+  T value;
+};
+
+// Decimal, 0x hex or 0 octal, with an optional k/m/g suffix (KiB, MiB, GiB). False when it does not parse or
+// does not fit in 64 bits.
 bool parseInt(const char* text, int64_t* out) {
   if (text == nullptr || *text == '\0') return false;
   errno = 0;
   char* end = nullptr;
   long long value = strtoll(text, &end, 0);
   if (errno != 0 || end == text) return false;
-  // Accept the k/m/g suffixes users write for sizes.
+  int shift = 0;
   switch (*end) {
-    case 'k': case 'K': value <<= 10; ++end; break;
-    case 'm': case 'M': value <<= 20; ++end; break;
-    case 'g': case 'G': value <<= 30; ++end; break;
+    case 'k': case 'K': shift = 10; ++end; break;
+    case 'm': case 'M': shift = 20; ++end; break;
+    case 'g': case 'G': shift = 30; ++end; break;
     default: break;
   }
   if (*end != '\0') return false;
-  *out = value;
+  const long long limit = std::numeric_limits<long long>::max() >> shift;
+  if (value > limit || value < -limit) return false;
+  *out = value * (1LL << shift);
   return true;
 }
 
-void assignString(std::string* field, const char* env, const char* value) {
-  (void)env;
-  *field = value;
+std::string quoted(const char* env, const char* text) { return std::string(env) + "=\"" + text + "\""; }
+
+std::string rangeText(int64_t min, int64_t max) {
+  if (max == kSizeMax) return ">= " + std::to_string(min);
+  return std::to_string(min) + ".." + std::to_string(max);
 }
 
-void assignInt(int64_t* field, const char* env, const char* value) {
-  int64_t parsed = 0;
-  if (parseInt(value, &parsed)) {
-    *field = parsed;
-  } else {
-    RN_WARN("NET/railnet: %s=\"%s\" is not an integer; using the default %lld", env, value,
-            static_cast<long long>(*field));
+template <class T, std::size_t N>
+std::string spellingsText(const Spelling<T> (&spellings)[N]) {
+  std::string text;
+  for (const Spelling<T>& spelling : spellings) {
+    if (!text.empty()) text += ", ";
+    text += *spelling.text == '\0' ? "\"\" (empty)" : spelling.text;
   }
+  return text;
 }
 
-#define RAILNET_STRINGIFY_String(def) def
-#define RAILNET_STRINGIFY_Int(def) #def
+template <class T, std::size_t N>
+std::string defaultSpelling(const Spelling<T> (&spellings)[N], T value) {
+  for (const Spelling<T>& spelling : spellings) {
+    if (spelling.value == value) return spelling.text;
+  }
+  return "?";
+}
 
-constexpr SettingInfo kTable[] = {
-#define RAILNET_SETTING_ROW(type, field, env, def, doc) {#type, env, RAILNET_STRINGIFY_##type(def), doc},
-    RAILNET_SETTINGS(RAILNET_SETTING_ROW)
-#undef RAILNET_SETTING_ROW
-};
+bool parseString(const char* text, std::string* field, std::string*) {
+  *field = text;
+  return true;
+}
+
+bool parseIntField(const char* env, const char* text, int64_t min, int64_t max, int64_t* field,
+                   std::string* error) {
+  int64_t value = 0;
+  if (!parseInt(text, &value)) {
+    *error = quoted(env, text) + ": not an integer (k, m, g suffixes allowed); allowed: " + rangeText(min, max);
+    return false;
+  }
+  if (value < min || value > max) {
+    *error = quoted(env, text) + ": out of range; allowed: " + rangeText(min, max);
+    return false;
+  }
+  *field = value;
+  return true;
+}
+
+template <class T, std::size_t N>
+bool parseEnumField(const char* env, const char* text, const Spelling<T> (&spellings)[N], T* field,
+                    std::string* error) {
+  for (const Spelling<T>& spelling : spellings) {
+    if (std::strcmp(spelling.text, text) == 0) {
+      *field = spelling.value;
+      return true;
+    }
+  }
+  *error = quoted(env, text) + ": not a known value; allowed: " + spellingsText(spellings);
+  return false;
+}
+
+// Each enum row's spellings, as kSpellings_<field>.
+#define RAILNET_SETTING_SPELLINGS_String(field, allowed)
+#define RAILNET_SETTING_SPELLINGS_Int(field, allowed)
+#define RAILNET_SETTING_SPELLINGS_Enum(field, allowed) \
+  constexpr Spelling<RAILNET_SETTING_FIRST allowed> kSpellings_##field[] = {RAILNET_SETTING_REST allowed};
+#define RAILNET_SETTING_SPELLINGS(type, field, env, def, allowed, doc) \
+  RAILNET_SETTING_SPELLINGS_##type(field, allowed)
+RAILNET_SETTINGS(RAILNET_SETTING_SPELLINGS)
+#undef RAILNET_SETTING_SPELLINGS
+
+std::vector<SettingInfo> buildTable() {
+  std::vector<SettingInfo> table;
+  const Settings defaults;
+#define RAILNET_SETTING_INFO_String(field, def, allowed) std::string(def), std::string("any string")
+#define RAILNET_SETTING_INFO_Int(field, def, allowed) \
+  std::to_string(defaults.field), rangeText(RAILNET_SETTING_FIRST allowed, RAILNET_SETTING_SECOND allowed)
+#define RAILNET_SETTING_INFO_Enum(field, def, allowed) \
+  defaultSpelling(kSpellings_##field, defaults.field), spellingsText(kSpellings_##field)
+#define RAILNET_SETTING_INFO(type, field, env, def, allowed, doc) \
+  table.push_back(SettingInfo{#type, env, RAILNET_SETTING_INFO_##type(field, def, allowed), doc});
+  RAILNET_SETTINGS(RAILNET_SETTING_INFO)
+#undef RAILNET_SETTING_INFO
+  return table;
+}
 
 const char* processEnv(const char* name) { return getenv(name); }
 
+const LoadedSettings& processSettings() {
+  static const LoadedSettings instance = loadSettings(processEnv);
+  return instance;
+}
+
 }  // namespace
 
-Settings loadSettings(const char* (*lookup)(const char* name)) {
-  Settings result;
-#define RAILNET_SETTING_LOAD(type, field, env, def, doc) \
-  if (const char* value = lookup(env)) assign##type(&result.field, env, value);
+bool parseSetting(const char* env, const char* text, Settings* out, std::string* error) {
+#define RAILNET_SETTING_PARSE_String(field, env, allowed) parseString(text, &out->field, error)
+#define RAILNET_SETTING_PARSE_Int(field, env, allowed) \
+  parseIntField(env, text, RAILNET_SETTING_FIRST allowed, RAILNET_SETTING_SECOND allowed, &out->field, error)
+#define RAILNET_SETTING_PARSE_Enum(field, env, allowed) \
+  parseEnumField(env, text, kSpellings_##field, &out->field, error)
+#define RAILNET_SETTING_PARSE(type, field, name, def, allowed, doc) \
+  if (std::strcmp(env, name) == 0) return RAILNET_SETTING_PARSE_##type(field, name, allowed);
+  RAILNET_SETTINGS(RAILNET_SETTING_PARSE)
+#undef RAILNET_SETTING_PARSE
+  *error = std::string(env) + " is not a railnet setting";
+  return false;
+}
+
+LoadedSettings loadSettings(const char* (*lookup)(const char* name)) {
+  LoadedSettings result;
+#define RAILNET_SETTING_LOAD(type, field, env, def, allowed, doc)                                      \
+  if (const char* value = lookup(env)) {                                                              \
+    std::string error;                                                                                \
+    if (!parseSetting(env, value, &result.values, &error)) result.errors.push_back(std::move(error)); \
+  }
   RAILNET_SETTINGS(RAILNET_SETTING_LOAD)
 #undef RAILNET_SETTING_LOAD
   return result;
 }
 
-const Settings& settings() {
-  static const Settings instance = loadSettings(processEnv);
-  return instance;
-}
+const Settings& settings() { return processSettings().values; }
 
-std::span<const SettingInfo> settingsTable() { return kTable; }
+const std::vector<std::string>& settingsErrors() { return processSettings().errors; }
+
+std::span<const SettingInfo> settingsTable() {
+  static const std::vector<SettingInfo> table = buildTable();
+  return table;
+}
 
 }  // namespace railnet

@@ -69,16 +69,24 @@ void logStartup(int abiVersion, const Transport& chosen) {
           RAILNET_VERSION, abiVersion, chosen.name(), chosen.deviceCount(), names.c_str());
 }
 
+// One WARN per bad RAILNET_* value, then init fails: a job must not run with settings the user did not choose
+// (docs/decisions.md D59).
+void checkSettings() {
+  const std::vector<std::string>& errors = settingsErrors();
+  if (errors.empty()) return;
+  for (const std::string& error : errors) RN_WARN("NET/railnet: %s", error.c_str());
+  fail(ncclInvalidUsage, "NET/railnet: %zu invalid RAILNET_* setting(s); see the warnings above", errors.size());
+}
+
 // RAILNET_TRANSPORT=auto takes verbs when an RDMA port is active and says why not otherwise.
 std::unique_ptr<Transport> chooseTransport() {
-  const std::string& wanted = settings().transport;
-  if (wanted != "auto" && wanted != "tcp" && wanted != "verbs") {
-    fail(ncclInvalidUsage, "NET/railnet: RAILNET_TRANSPORT=%s; use auto, tcp or verbs", wanted.c_str());
-  }
-  if (wanted != "tcp") {
+  const TransportChoice wanted = settings().transport;
+  if (wanted != TransportChoice::kTcp) {
     std::string why;
     if (std::unique_ptr<Transport> verbs = verbs::createVerbsTransport(&why)) return verbs;
-    if (wanted == "verbs") fail(ncclSystemError, "NET/railnet: RAILNET_TRANSPORT=verbs, but %s", why.c_str());
+    if (wanted == TransportChoice::kVerbs) {
+      fail(ncclSystemError, "NET/railnet: RAILNET_TRANSPORT=verbs, but %s", why.c_str());
+    }
     RN_INFO(NCCL_INIT | NCCL_NET, "NET/railnet: verbs transport unavailable (%s); using TCP", why.c_str());
   }
   return tcp::createTcpTransport();
@@ -106,7 +114,7 @@ ncclResult_t init(int abiVersion, ncclDebugLogger_t logger, void** ctx, uint64_t
     PluginState& plugin = state();
     std::lock_guard<std::mutex> lock(plugin.mutex);
     if (!plugin.transport) {
-      settings();  // read and validate RAILNET_* once, logging bad values now
+      checkSettings();  // RAILNET_* are parsed once; a bad value fails init (and every retry of it)
       std::unique_ptr<Transport> chosen = chooseTransport();
       placeDevices(*chosen);  // may throw (bad RAILNET_RAILS / RAILNET_TOPO_XML): init fails, and a retry redoes it
       plugin.transport = std::move(chosen);

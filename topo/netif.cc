@@ -12,6 +12,7 @@
 #include <memory>
 
 #include "railnet/log.h"
+#include "railnet/settings.h"
 #include "topo/name_filter.h"
 
 namespace railnet::topo {
@@ -30,16 +31,6 @@ int sysfsSpeed(const std::string& ifname) {
   int speed = 0;
   if (!(in >> speed) || speed < 0) return 0;
   return speed;
-}
-
-int wantedFamily(std::string_view family) {
-  if (family == "AF_INET" || family == "4" || family == "ipv4") return AF_INET;
-  if (family == "AF_INET6" || family == "6" || family == "ipv6") return AF_INET6;
-  if (!family.empty()) {
-    RN_WARN("NET/railnet: RAILNET_SOCKET_FAMILY=%.*s is not AF_INET or AF_INET6; using any family",
-            static_cast<int>(family.size()), family.data());
-  }
-  return AF_UNSPEC;
 }
 
 bool usableAddress(const ifaddrs* entry) {
@@ -94,11 +85,21 @@ std::vector<NetInterface> collect(const ifaddrs* list, const NameFilter& filter,
 }  // namespace
 
 std::vector<NetInterface> discoverInterfaces(std::string_view spec, std::string_view family) {
+  // The spellings of RAILNET_SOCKET_FAMILY, from the settings table.
+  Settings parsed;
+  std::string error;
+  if (!parseSetting("RAILNET_SOCKET_FAMILY", std::string(family).c_str(), &parsed, &error)) {
+    RN_WARN("NET/railnet: %s; using any family", error.c_str());
+  }
+  return discoverInterfaces(spec, parsed.socketFamily);
+}
+
+std::vector<NetInterface> discoverInterfaces(std::string_view spec, AddressFamily family) {
   ifaddrs* raw = nullptr;
   if (getifaddrs(&raw) != 0) return {};
   std::unique_ptr<ifaddrs, decltype(&freeifaddrs)> list(raw, freeifaddrs);
   NameFilter filter(spec, NameFilter::Syntax::kNames);
-  int wanted = wantedFamily(family);
+  const int wanted = static_cast<int>(family);
   if (!filter.empty()) return collect(list.get(), filter, false, false, wanted);
   std::vector<NetInterface> result = collect(list.get(), filter, true, false, wanted);
   if (result.empty()) result = collect(list.get(), filter, true, true, wanted);

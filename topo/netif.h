@@ -7,6 +7,8 @@
 #include <string_view>
 #include <vector>
 
+#include "railnet/settings.h"
+
 namespace railnet::topo {
 
 struct NetInterface {
@@ -19,10 +21,13 @@ struct NetInterface {
   bool loopback = false;
 };
 
-// Up interfaces with an address of the wanted family ("", "AF_INET" or "AF_INET6"), one entry per interface,
-// in the kernel's order. `spec` is in the NCCL_SOCKET_IFNAME grammar (topo/name_filter.h, Syntax::kNames: "eth,ib"
+// Up interfaces with an address of the wanted family (kAny: IPv4 preferred), one entry per interface, in the
+// kernel's order. `spec` is in the NCCL_SOCKET_IFNAME grammar (topo/name_filter.h, Syntax::kNames: "eth,ib"
 // prefixes, "^docker,lo" excludes, "=eth0" exact). An empty spec means: all but lo and docker*, or lo when
 // nothing else exists.
+std::vector<NetInterface> discoverInterfaces(std::string_view spec, AddressFamily family);
+// The same with the family spelled as RAILNET_SOCKET_FAMILY allows ("", "AF_INET", "AF_INET6", ...); an unknown
+// spelling is logged and means any family.
 std::vector<NetInterface> discoverInterfaces(std::string_view spec, std::string_view family);
 
 // "1.2.3.4:5678" / "[::1]:5678".

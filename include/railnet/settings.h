@@ -1,114 +1,172 @@
-// Every RAILNET_* setting, declared once: type, field, environment variable, default, and what it does.
-// Values come from the environment the first time settings() is called; a value that does not parse is
-// reported (WARN) and the default is used instead.
+// Every RAILNET_* setting, declared once: type, field, environment variable, default, allowed values, and what
+// it does. Values are parsed once, from the environment, the first time settings() is called. A value that does
+// not parse or is out of range is not replaced: it is listed in settingsErrors(), and plugin init fails with one
+// WARN per bad setting (docs/decisions.md D59).
 #pragma once
+
+#include <sys/socket.h>
 
 #include <cstdint>
 #include <span>
 #include <string>
+#include <vector>
 
-// X(type, field, ENV_NAME, default, doc)
-#define RAILNET_SETTINGS(X)                                                                                       \
-  X(String, ifname, "RAILNET_IFNAME", "",                                                                         \
-    "Interfaces railnet may use, NCCL_SOCKET_IFNAME syntax: comma-separated prefixes, '^' to exclude, '=' for "   \
-    "exact names. Empty: every interface that is up except lo and docker*, or lo when nothing else is up.")       \
-  X(String, socketFamily, "RAILNET_SOCKET_FAMILY", "",                                                            \
-    "AF_INET or AF_INET6 to force the address family of each interface; empty prefers IPv4.")                     \
-  X(Int, tcpStreams, "RAILNET_TCP_STREAMS", 8,                                                                    \
-    "Data streams (TCP connections) per railnet connection; large messages are split across them. 1..64.")        \
-  X(Int, tcpThreads, "RAILNET_TCP_THREADS", 0,                                                                    \
-    "Helper threads in the process-wide pool that moves data-stream bytes; 0 picks min(streams, cores, 16).")     \
-  X(Int, tcpInlineBytes, "RAILNET_TCP_INLINE_BYTES", 65536,                                                       \
-    "Messages up to this size travel inline on the control connection, sent by the calling thread.")              \
-  X(Int, tcpMinChunkBytes, "RAILNET_TCP_MIN_CHUNK_BYTES", 65536,                                                  \
-    "Smallest piece a large message is split into across data streams (rounded to 4 KiB).")                       \
-  X(Int, tcpSpinUs, "RAILNET_TCP_SPIN_US", 0,                                                                     \
-    "How long a helper thread busy-polls its sockets before it sleeps in epoll_wait. 0 (sleep at once) moved "   \
-    "as many bytes for a third less CPU in the measurements (docs/performance.md).")                              \
-  X(Int, tcpSocketBufferBytes, "RAILNET_TCP_SOCKET_BUFFER_BYTES", 0,                                              \
-    "SO_SNDBUF/SO_RCVBUF for data streams; 0 keeps the kernel's auto-tuning.")                                    \
-  X(Int, tcpNotSentLowat, "RAILNET_TCP_NOTSENT_LOWAT", 0,                                                         \
-    "TCP_NOTSENT_LOWAT for data streams in bytes; 0 leaves it unset.")                                            \
-  X(Int, peerTimeoutMs, "RAILNET_PEER_TIMEOUT_MS", 30000,                                                         \
-    "A peer host that answers nothing, not even TCP keepalive probes, for about this long fails its "            \
-    "connections. A live peer process never trips it, however long it is stopped or slow: its kernel answers "   \
-    "the probes (a process that dies is noticed at once by its kernel's FIN/RST). 0 turns keepalive off.")        \
-  X(Int, strayTimeoutMs, "RAILNET_STRAY_TIMEOUT_MS", 10000,                                                       \
-    "An accepted connection that has not sent a valid hello in this time is dropped and logged.")                 \
-  X(String, transport, "RAILNET_TRANSPORT", "auto",                                                               \
-    "auto: the verbs transport when an RDMA device is active, else TCP; tcp or verbs force one (verbs fails "     \
-    "init when no RDMA device can be used).")                                                                     \
-  X(String, ibHca, "RAILNET_IB_HCA", "",                                                                          \
-    "RDMA devices railnet may use, NCCL_IB_HCA syntax: prefixes, '^' excludes, '=' exact, ':port' picks a port.")  \
-  X(Int, ibGidIndex, "RAILNET_IB_GID_INDEX", -1,                                                                  \
-    "GID index for RoCE; -1 picks a RoCE v2 GID of the family in RAILNET_IB_ADDR_FAMILY.")                        \
-  X(String, ibAddrFamily, "RAILNET_IB_ADDR_FAMILY", "AF_INET",                                                     \
-    "Address family of the RoCE v2 GID picked automatically: AF_INET or AF_INET6.")                               \
-  X(Int, ibTrafficClass, "RAILNET_IB_TC", 0, "Traffic class of railnet's QPs (RoCE: DSCP << 2).")                 \
-  X(Int, ibServiceLevel, "RAILNET_IB_SL", 0, "Service level of railnet's QPs.")                                    \
-  X(Int, ibTimeout, "RAILNET_IB_TIMEOUT", 20,                                                                     \
-    "QP ACK timeout exponent: 4.096 us * 2^value before a retry.")                                                \
-  X(Int, ibRetryCount, "RAILNET_IB_RETRY_CNT", 7, "QP transport retries before a send fails.")                     \
-  X(Int, ibQpsPerConnection, "RAILNET_IB_QPS_PER_CONNECTION", 2,                                                  \
-    "Data QPs per connection; messages are striped over them in 128-byte-aligned pieces.")                        \
-  X(String, ibFlush, "RAILNET_IB_FLUSH", "auto",                                                                  \
-    "iflush by a 1-byte RDMA READ on a loopback QP: auto (receives into GPU memory only), 0 (never), 1 (always, " \
-    "host memory too; for testing).")                                                                             \
-  X(String, topoXml, "RAILNET_TOPO_XML", "",                                                                      \
-    "A hwloc XML file (lstopo --of xml) to use instead of this machine's topology: for tests, and to reproduce "  \
-    "another host's GPU/NIC layout. Empty: discover the live machine.")                                           \
-  X(String, rails, "RAILNET_RAILS", "",                                                                           \
-    "Rail ids by NIC name, e.g. mlx5_0:0,mlx5_1:1 (verbs or netdev names, or TCP device names such as "           \
-    "lo@127.0.1.1:0). Named NICs take these rails; NICs it does not name get none. Empty: rails from the "         \
-    "topology (docs/topology.md).")                                                                               \
-  X(Int, writeNcclTopo, "RAILNET_WRITE_NCCL_TOPO", 1,                                                             \
-    "1: when a device without a PCI function (loopback rail, virtual interface) has a rail, write an NCCL "       \
-    "topology XML that puts it next to its rail's GPU and set NCCL_TOPO_FILE to it, unless NCCL_TOPO_FILE is "    \
-    "already set; 0: never.")                                                                                     \
-  X(Int, tcpSpeedMbps, "RAILNET_TCP_SPEED_MBPS", 0,                                                               \
-    "Speed reported to NCCL for TCP devices; 0 reads /sys/class/net/<if>/speed (100000 for loopback).")               \
-  X(String, tcpAddresses, "RAILNET_TCP_ADDRESSES", "",                                                            \
-    "Comma-separated local IP addresses, each one TCP device named <if>@<address> that listens and connects "    \
-    "from that address, rail = its position (e.g. 127.0.1.1,127.0.2.1 emulates two rails on lo). Empty: one "    \
-    "device per interface (RAILNET_IFNAME).")                                                                    \
-  X(Int, fusionMinStripeBytes, "RAILNET_FUSION_MIN_STRIPE_BYTES", 262144,                                        \
-    "Fused (makeVDevice) devices: messages under twice this go whole to one NIC, round-robin; larger ones are "  \
-    "split into one 128-byte-aligned stripe per NIC of at least this size.")                                     \
-  X(String, tuner, "RAILNET_TUNER", "on",                                                                         \
-    "on: railnet's tuner edits NCCL's algorithm/protocol cost table; off: it leaves every table as NCCL "         \
-    "filled it (NCCL_TUNER_PLUGIN=none turns off any tuner).")                                                    \
-  X(String, tunerFile, "RAILNET_TUNER_FILE", "",                                                                  \
-    "Calibration CSV for the tuner (NCCL's example tuner format plus time_us, busbw_gbs, chunk_bytes; see "       \
-    "docs/tuner.md). Empty: the model alone. A missing or bad file is logged and ignored.")                       \
-  X(String, tunerModel, "RAILNET_TUNER_MODEL", "on",                                                              \
-    "on: where no measurement covers a size, the tuner's latency/bandwidth model may override NCCL's pick "      \
-    "(only when it predicts a >10% gain); off: only calibration rows act.")                                      \
-  X(Int, tunerNicGbps, "RAILNET_TUNER_NIC_GBPS", 0,                                                               \
+namespace railnet {
+
+// Typed values of the enum-like settings; their spellings live in the table below.
+enum class TransportChoice { kAuto, kTcp, kVerbs };
+// RAILNET_IB_FLUSH: auto (flush receives into GPU memory), 0 (never), 1 (always, host memory too: lets the
+// conformance harness run the real READ on soft-RoCE).
+enum class FlushMode { kAuto, kNever, kAlways };
+// The AF_* value itself, so call sites can pass static_cast<int>(family) to the socket API.
+enum class AddressFamily : int { kAny = AF_UNSPEC, kInet = AF_INET, kInet6 = AF_INET6 };
+
+// Upper ends of ranges with no natural limit: kIntMax where the value ends up in an int (socket options,
+// milliseconds, Mb/s), kSizeMax for byte counts kept in 64 bits.
+inline constexpr int64_t kIntMax = INT32_MAX;
+inline constexpr int64_t kSizeMax = INT64_MAX;
+
+}  // namespace railnet
+
+// X(type, field, ENV_NAME, default, allowed, doc)
+//   String: allowed is ().
+//   Int:    allowed is (min, max), both inclusive; values may end in k, m or g (KiB, MiB, GiB).
+//   Enum:   allowed is (C++ type, {"spelling", value}, ...); the first spelling of a value is how it is shown.
+#define RAILNET_SETTINGS(X)                                                                                      \
+  X(String, ifname, "RAILNET_IFNAME", "", (),                                                                    \
+    "Interfaces railnet may use, NCCL_SOCKET_IFNAME syntax: comma-separated prefixes, '^' to exclude, '=' for "  \
+    "exact names. Empty: every interface that is up except lo and docker*, or lo when nothing else is up.")      \
+  X(Enum, socketFamily, "RAILNET_SOCKET_FAMILY", AddressFamily::kAny,                                            \
+    (AddressFamily, {"", AddressFamily::kAny}, {"AF_INET", AddressFamily::kInet},                                \
+     {"AF_INET6", AddressFamily::kInet6}, {"4", AddressFamily::kInet}, {"ipv4", AddressFamily::kInet},           \
+     {"6", AddressFamily::kInet6}, {"ipv6", AddressFamily::kInet6}),                                             \
+    "AF_INET or AF_INET6 to force the address family of each interface; empty prefers IPv4.")                    \
+  X(Int, tcpStreams, "RAILNET_TCP_STREAMS", 8, (1, 64) /* proxy/tcp/wire.h kMaxStreams */,                       \
+    "Data streams (TCP connections) per railnet connection; large messages are split across them.")              \
+  X(Int, tcpThreads, "RAILNET_TCP_THREADS", 0, (0, 64),                                                          \
+    "Helper threads in the process-wide pool that moves data-stream bytes; 0 picks min(streams, cores, 16).")    \
+  X(Int, tcpInlineBytes, "RAILNET_TCP_INLINE_BYTES", 65536, (0, kSizeMax),                                       \
+    "Messages up to this size travel inline on the control connection, sent by the calling thread.")             \
+  X(Int, tcpMinChunkBytes, "RAILNET_TCP_MIN_CHUNK_BYTES", 65536, (4096, kSizeMax),                               \
+    "Smallest piece a large message is split into across data streams (rounded to 4 KiB).")                      \
+  X(Int, tcpSpinUs, "RAILNET_TCP_SPIN_US", 0, (0, 1000000),                                                      \
+    "How long a helper thread busy-polls its sockets before it sleeps in epoll_wait. 0 (sleep at once) moved "  \
+    "as many bytes for a third less CPU in the measurements (docs/performance.md).")                             \
+  X(Int, tcpSocketBufferBytes, "RAILNET_TCP_SOCKET_BUFFER_BYTES", 0, (0, kIntMax),                               \
+    "SO_SNDBUF/SO_RCVBUF for data streams; 0 keeps the kernel's auto-tuning.")                                   \
+  X(Int, tcpNotSentLowat, "RAILNET_TCP_NOTSENT_LOWAT", 0, (0, kIntMax),                                          \
+    "TCP_NOTSENT_LOWAT for data streams in bytes; 0 leaves it unset.")                                           \
+  X(Int, peerTimeoutMs, "RAILNET_PEER_TIMEOUT_MS", 30000, (0, kIntMax),                                          \
+    "A peer host that answers nothing, not even TCP keepalive probes, for about this long fails its "           \
+    "connections. A live peer process never trips it, however long it is stopped or slow: its kernel answers "  \
+    "the probes (a process that dies is noticed at once by its kernel's FIN/RST). 0 turns keepalive off.")       \
+  X(Int, strayTimeoutMs, "RAILNET_STRAY_TIMEOUT_MS", 10000, (1, kIntMax),                                        \
+    "An accepted connection that has not sent a valid hello in this time is dropped and logged.")                \
+  X(Enum, transport, "RAILNET_TRANSPORT", TransportChoice::kAuto,                                                \
+    (TransportChoice, {"auto", TransportChoice::kAuto}, {"tcp", TransportChoice::kTcp},                          \
+     {"verbs", TransportChoice::kVerbs}),                                                                        \
+    "auto: the verbs transport when an RDMA device is active, else TCP; tcp or verbs force one (verbs fails "    \
+    "init when no RDMA device can be used).")                                                                    \
+  X(String, ibHca, "RAILNET_IB_HCA", "", (),                                                                     \
+    "RDMA devices railnet may use, NCCL_IB_HCA syntax: prefixes, '^' excludes, '=' exact, ':port' picks a "      \
+    "port.")                                                                                                     \
+  X(Int, ibGidIndex, "RAILNET_IB_GID_INDEX", -1, (-1, 255) /* ibv_global_route::sgid_index is a uint8_t */,     \
+    "GID index for RoCE; -1 picks a RoCE v2 GID of the family in RAILNET_IB_ADDR_FAMILY.")                       \
+  X(Enum, ibAddrFamily, "RAILNET_IB_ADDR_FAMILY", AddressFamily::kInet,                                          \
+    (AddressFamily, {"AF_INET", AddressFamily::kInet}, {"AF_INET6", AddressFamily::kInet6}),                     \
+    "Address family of the RoCE v2 GID picked automatically.")                                                   \
+  X(Int, ibTrafficClass, "RAILNET_IB_TC", 0, (0, 255) /* an 8-bit field */,                                      \
+    "Traffic class of railnet's QPs (RoCE: DSCP << 2).")                                                         \
+  X(Int, ibServiceLevel, "RAILNET_IB_SL", 0, (0, 15) /* a 4-bit field */, "Service level of railnet's QPs.")    \
+  X(Int, ibTimeout, "RAILNET_IB_TIMEOUT", 20, (1, 31),                                                           \
+    "QP ACK timeout exponent: 4.096 us * 2^value before a retry.")                                               \
+  X(Int, ibRetryCount, "RAILNET_IB_RETRY_CNT", 7, (0, 7), "QP transport retries before a send fails.")          \
+  X(Int, ibQpsPerConnection, "RAILNET_IB_QPS_PER_CONNECTION", 2, (1, 8) /* proxy/verbs/queue_pairs.h kMaxQps */, \
+    "Data QPs per connection; messages are striped over them in 128-byte-aligned pieces.")                       \
+  X(Enum, ibFlush, "RAILNET_IB_FLUSH", FlushMode::kAuto,                                                         \
+    (FlushMode, {"auto", FlushMode::kAuto}, {"0", FlushMode::kNever}, {"1", FlushMode::kAlways},                 \
+     {"", FlushMode::kAuto}),                                                                                    \
+    "iflush by a 1-byte RDMA READ on a loopback QP: auto (receives into GPU memory only), 0 (never), 1 "         \
+    "(always, host memory too; for testing).")                                                                   \
+  X(String, topoXml, "RAILNET_TOPO_XML", "", (),                                                                 \
+    "A hwloc XML file (lstopo --of xml) to use instead of this machine's topology: for tests, and to "           \
+    "reproduce another host's GPU/NIC layout. Empty: discover the live machine.")                                \
+  X(String, rails, "RAILNET_RAILS", "", (),                                                                      \
+    "Rail ids by NIC name, e.g. mlx5_0:0,mlx5_1:1 (verbs or netdev names, or TCP device names such as "          \
+    "lo@127.0.1.1:0). Named NICs take these rails; NICs it does not name get none. Empty: rails from the "        \
+    "topology (docs/topology.md).")                                                                              \
+  X(Int, writeNcclTopo, "RAILNET_WRITE_NCCL_TOPO", 1, (0, 1),                                                    \
+    "1: when a device without a PCI function (loopback rail, virtual interface) has a rail, write an NCCL "      \
+    "topology XML that puts it next to its rail's GPU and set NCCL_TOPO_FILE to it, unless NCCL_TOPO_FILE is "   \
+    "already set; 0: never.")                                                                                    \
+  X(Int, tcpSpeedMbps, "RAILNET_TCP_SPEED_MBPS", 0, (0, kIntMax),                                                \
+    "Speed reported to NCCL for TCP devices; 0 reads /sys/class/net/<if>/speed (100000 for loopback).")          \
+  X(String, tcpAddresses, "RAILNET_TCP_ADDRESSES", "", (),                                                       \
+    "Comma-separated local IP addresses, each one TCP device named <if>@<address> that listens and connects "   \
+    "from that address, rail = its position (e.g. 127.0.1.1,127.0.2.1 emulates two rails on lo). Empty: one "   \
+    "device per interface (RAILNET_IFNAME).")                                                                   \
+  X(Int, fusionMinStripeBytes, "RAILNET_FUSION_MIN_STRIPE_BYTES", 262144, (0, kSizeMax),                         \
+    "Fused (makeVDevice) devices: messages under twice this go whole to one NIC, round-robin; larger ones are " \
+    "split into one 128-byte-aligned stripe per NIC of at least this size.")                                    \
+  X(Enum, tuner, "RAILNET_TUNER", true,                                                                          \
+    (bool, {"on", true}, {"off", false}, {"1", true}, {"0", false}, {"yes", true}, {"no", false},                \
+     {"true", true}, {"false", false}),                                                                          \
+    "on: railnet's tuner edits NCCL's algorithm/protocol cost table; off: it leaves every table as NCCL "        \
+    "filled it (NCCL_TUNER_PLUGIN=none turns off any tuner).")                                                   \
+  X(String, tunerFile, "RAILNET_TUNER_FILE", "", (),                                                             \
+    "Calibration CSV for the tuner (NCCL's example tuner format plus time_us, busbw_gbs, chunk_bytes; see "      \
+    "docs/tuner.md). Empty: the model alone. A missing or bad file is logged and ignored.")                      \
+  X(Enum, tunerModel, "RAILNET_TUNER_MODEL", true,                                                               \
+    (bool, {"on", true}, {"off", false}, {"1", true}, {"0", false}, {"yes", true}, {"no", false},                \
+     {"true", true}, {"false", false}),                                                                          \
+    "on: where no measurement covers a size, the tuner's latency/bandwidth model may override NCCL's pick "     \
+    "(only when it predicts a >10% gain); off: only calibration rows act.")                                     \
+  X(Int, tunerNicGbps, "RAILNET_TUNER_NIC_GBPS", 0, (0, kIntMax),                                                \
     "Per-node network bandwidth (Gb/s, all NICs) for the tuner's model; 0 sums railnet's devices.")
+
+#define RAILNET_SETTING_FIRST(first, ...) first
+#define RAILNET_SETTING_SECOND(first, second, ...) second
+#define RAILNET_SETTING_REST(first, ...) __VA_ARGS__
 
 namespace railnet {
 
 struct Settings {
-#define RAILNET_SETTING_FIELD_String(field, def) std::string field = def;
-#define RAILNET_SETTING_FIELD_Int(field, def) int64_t field = def;
-#define RAILNET_SETTING_FIELD(type, field, env, def, doc) RAILNET_SETTING_FIELD_##type(field, def)
+#define RAILNET_SETTING_FIELD_String(field, def, allowed) std::string field = def;
+#define RAILNET_SETTING_FIELD_Int(field, def, allowed) int64_t field = def;
+#define RAILNET_SETTING_FIELD_Enum(field, def, allowed) RAILNET_SETTING_FIRST allowed field = def;
+#define RAILNET_SETTING_FIELD(type, field, env, def, allowed, doc) RAILNET_SETTING_FIELD_##type(field, def, allowed)
   RAILNET_SETTINGS(RAILNET_SETTING_FIELD)
 #undef RAILNET_SETTING_FIELD
 };
 
+// Values plus what was wrong with them. A field whose value was rejected keeps its default, but a caller that
+// finds errors must not run with it: each error reads RAILNET_X="value": <why>; allowed: <range or values>.
+struct LoadedSettings {
+  Settings values;
+  std::vector<std::string> errors;
+  operator const Settings&() const { return values; }  // NOLINT: lets `Settings s = loadSettings(...)` read
+};
+
 // One row of the table, for documentation and tools.
 struct SettingInfo {
-  const char* type;
+  const char* type;  // "String", "Int" or "Enum"
   const char* env;
-  const char* defaultValue;
+  std::string defaultValue;
+  std::string allowed;  // "1..64", ">= 0", "auto, tcp, verbs", "any string"
   const char* doc;
 };
 
 // The process-wide values, read from the environment on first use.
 const Settings& settings();
+// What was wrong with the process-wide values; empty when every RAILNET_* setting is valid.
+const std::vector<std::string>& settingsErrors();
 
-// Parse `env` (a getenv-like lookup) into a Settings; used by settings() and by tests.
-Settings loadSettings(const char* (*lookup)(const char* name));
+// Parse every setting through `lookup` (a getenv-like lookup); used by settings() and by tests. Logs nothing.
+LoadedSettings loadSettings(const char* (*lookup)(const char* name));
+
+// Parse one variable's text into its field of *out. False with *error (the format above) when it is rejected
+// (*out unchanged), or when `env` is not a RAILNET_* setting.
+bool parseSetting(const char* env, const char* text, Settings* out, std::string* error);
 
 std::span<const SettingInfo> settingsTable();
 

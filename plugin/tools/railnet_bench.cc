@@ -127,8 +127,8 @@ int run(const Options& options) {
   // Loopback benchmark; a user's own RAILNET_IFNAME wins. Set before the plugin reads its settings.
   setenv("RAILNET_IFNAME", "lo", 0);
   NetPlugin::setVerbose(options.verbose);
-  // The plugin clamps its stream count to 1..64 too.
-  const int streams = static_cast<int>(std::clamp<int64_t>(railnet::settings().tcpStreams, 1, 64));
+  // The same validated value the plugin uses (1..64); a bad one fails the plugin's init.
+  const int streams = static_cast<int>(railnet::settings().tcpStreams);
   const std::vector<size_t> sizes = sweepSizes(options);
 
   StallGuard guard(options.timeout);

@@ -1,6 +1,7 @@
 // railnet-info: what railnet sees on this node (or in a hwloc XML file) - GPUs, NICs, the GPU x NIC distance
 // matrix, rails, each GPU's NIC, the transports that can run, and the NCCL topology XML railnet would hand over.
-// Exit status: 0 fine, 1 the mapping is suspicious (reasons printed), 2 usage or load error.
+// Exit status: 0 fine, 1 the mapping is suspicious or a RAILNET_* setting is invalid (reasons printed), 2 usage or
+// load error.
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -40,7 +41,8 @@ void usage(FILE* out) {
           "  --rails SPEC     RAILNET_RAILS to apply, e.g. mlx5_0:0,mlx5_1:1\n"
           "  --devices LIST   transport devices to place, e.g. lo@127.0.1.1,lo@127.0.2.1 (default: the TCP\n"
           "                   interfaces and verbs ports found here)\n"
-          "Exit status: 0 fine, 1 suspicious mapping (reasons on stderr), 2 usage or load error.\n");
+          "Exit status: 0 fine, 1 suspicious mapping or invalid RAILNET_* setting (reasons on stderr), 2 usage or "
+          "load error.\n");
 }
 
 std::vector<std::string> splitList(const std::string& text) {
@@ -139,7 +141,7 @@ Transports findTransports(bool live) {
     verbsDevices.push_back({port.info.name, port.info.pciPath, port.info.railId, -1});
   }
   // The plugin uses verbs when a port is active (RAILNET_TRANSPORT=auto), TCP otherwise.
-  if (live && !verbsDevices.empty() && config.transport != "tcp") found.devices = verbsDevices;
+  if (live && !verbsDevices.empty() && config.transport != railnet::TransportChoice::kTcp) found.devices = verbsDevices;
   return found;
 }
 
@@ -278,6 +280,11 @@ void printJson(const Topology& topology, const RailPlan& plan, const Transports&
 int main(int argc, char** argv) {
   Options options;
   if (!parseArgs(argc, argv, &options)) return 2;
+  // The plugin's init would fail on these (docs/decisions.md D59): say so, and show no map.
+  if (!railnet::settingsErrors().empty()) {
+    for (const std::string& error : railnet::settingsErrors()) fprintf(stderr, "railnet-info: %s\n", error.c_str());
+    return 1;
+  }
   const railnet::Settings& config = railnet::settings();
   if (options.topoXml.empty()) options.topoXml = config.topoXml;
   if (!options.railsGiven) options.rails = config.rails;

@@ -19,28 +19,20 @@ struct Context {
   Tuner tuner;
 };
 
-bool isOn(const std::string& value, bool fallback, const char* env) {
-  if (value == "on" || value == "1" || value == "yes" || value == "true") return true;
-  if (value == "off" || value == "0" || value == "no" || value == "false") return false;
-  RN_WARN("TUNER/railnet: %s=%s is neither on nor off; using %s", env, value.c_str(), fallback ? "on" : "off");
-  return fallback;
-}
-
 bool envSet(const char* name) {
   const char* value = std::getenv(name);
   return value != nullptr && value[0] != '\0';
 }
 
 // Builds a context; nullptr when the tuner should leave every table alone.
-Context* create(int abiVersion, uint64_t commId, size_t nRanks, size_t nNodes, const ncclNvlDomainInfo_v5_t* nvl) {
-  // Read per communicator (not the process-wide cache) so a changed RAILNET_TUNER_FILE applies to new comms.
-  Settings config = loadSettings([](const char* name) -> const char* { return std::getenv(name); });
+Context* create(int abiVersion, uint64_t commId, size_t nRanks, size_t nNodes, const ncclNvlDomainInfo_v5_t* nvl,
+                const Settings& config) {
   TunerOptions options;
-  options.enabled = isOn(config.tuner, true, "RAILNET_TUNER");
-  options.useModel = isOn(config.tunerModel, true, "RAILNET_TUNER_MODEL");
+  options.enabled = config.tuner;
+  options.useModel = config.tunerModel;
   options.forced = envSet("NCCL_ALGO") || envSet("NCCL_PROTO");
   if (!options.enabled) {
-    RN_INFO(NCCL_INIT | NCCL_TUNING, "TUNER/railnet: RAILNET_TUNER=%s: NCCL's choices are kept", config.tuner.c_str());
+    RN_INFO(NCCL_INIT | NCCL_TUNING, "TUNER/railnet: RAILNET_TUNER=off: NCCL's choices are kept");
     return nullptr;
   }
   if (options.forced) {
@@ -93,8 +85,20 @@ ncclResult_t initCore(int abiVersion, uint64_t commId, size_t nRanks, size_t nNo
   if (logger != nullptr) log::setLogger(logger);
   if (ctx == nullptr) return ncclSuccess;
   *ctx = nullptr;
+  LoadedSettings config;
   ncclResult_t result = guarded("tuner init", [&] {
-    *ctx = create(abiVersion, commId, nRanks, nNodes, nvl);
+    // Read per communicator (not the process-wide cache) so a changed RAILNET_TUNER_FILE applies to new comms.
+    config = loadSettings([](const char* name) -> const char* { return std::getenv(name); });
+    for (const std::string& error : config.errors) RN_WARN("TUNER/railnet: %s", error.c_str());
+    if (!config.errors.empty()) {
+      fail(ncclInvalidUsage, "TUNER/railnet: %zu invalid RAILNET_* setting(s); see the warnings above",
+           config.errors.size());
+    }
+    return ncclSuccess;
+  });
+  if (result != ncclSuccess) return result;  // a bad value fails init, like the net plugin's (docs/decisions.md D59)
+  result = guarded("tuner init", [&] {
+    *ctx = create(abiVersion, commId, nRanks, nNodes, nvl, config.values);
     return ncclSuccess;
   });
   if (result != ncclSuccess) RN_WARN("TUNER/railnet: init failed; NCCL's choices are kept for this communicator");

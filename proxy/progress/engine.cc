@@ -231,10 +231,9 @@ Engine::Engine() {
   int cores = static_cast<int>(std::thread::hardware_concurrency());
   int threads = static_cast<int>(config.tcpThreads);
   if (threads <= 0) {
-    threads = std::min<int>({static_cast<int>(std::max<int64_t>(config.tcpStreams, 1)), std::max(cores, 1), 16});
+    threads = std::min<int>({static_cast<int>(config.tcpStreams), std::max(cores, 1), 16});
   }
-  threads = std::clamp(threads, 1, 64);
-  int spinUs = static_cast<int>(std::clamp<int64_t>(config.tcpSpinUs, 0, 1000000));
+  const int spinUs = static_cast<int>(config.tcpSpinUs);  // ranges: include/railnet/settings.h
   for (int i = 0; i < threads; ++i) workers_.push_back(std::make_unique<Worker>(i, spinUs));
   RN_INFO(NCCL_INIT | NCCL_NET, "NET/railnet: started %d TCP helper threads (spin %d us)", threads, spinUs);
 }

@@ -30,8 +30,8 @@ TcpSendComm::TcpSendComm(Fd control, std::vector<Fd> data, const protocol::Socke
       streams_(std::move(data)),
       requests_(kSendRequests, [this](SendRequest& request) { request.setOwner(this); }) {
   const Settings& config = settings();
-  inlineBytes_ = static_cast<uint64_t>(std::max<int64_t>(config.tcpInlineBytes, 0));
-  minChunkBytes_ = static_cast<uint64_t>(std::max<int64_t>(config.tcpMinChunkBytes, 4096));
+  inlineBytes_ = static_cast<uint64_t>(config.tcpInlineBytes);      // >= 0 (settings table)
+  minChunkBytes_ = static_cast<uint64_t>(config.tcpMinChunkBytes);  // >= 4096 (settings table)
   if (!layout.nics.empty()) control_.setCounters(layout.nics[0]);
   streams_.setCounters(layout);
   streams_.start(this);

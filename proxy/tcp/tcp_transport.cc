@@ -67,12 +67,14 @@ class TcpTransport final : public Transport {
       nic.bindLocal = byAddress;
       nics_.push_back(nic);
     }
-    options_.streams = static_cast<int>(std::clamp<int64_t>(config.tcpStreams, 1, protocol::kMaxStreams));
-    options_.stream.bufferBytes = static_cast<int>(std::max<int64_t>(config.tcpSocketBufferBytes, 0));
-    options_.stream.notSentLowat = static_cast<int>(std::max<int64_t>(config.tcpNotSentLowat, 0));
-    options_.stream.peerTimeoutMs = static_cast<int>(std::max<int64_t>(config.peerTimeoutMs, 0));
-    options_.strayTimeout = std::chrono::milliseconds(std::max<int64_t>(config.strayTimeoutMs, 1));
-    minStripeBytes_ = static_cast<uint64_t>(std::max<int64_t>(config.fusionMinStripeBytes, 0));
+    // The settings table holds every range (include/railnet/settings.h); values arrive validated.
+    static_assert(protocol::kMaxStreams == 64, "RAILNET_TCP_STREAMS allows 1..64 in include/railnet/settings.h");
+    options_.streams = static_cast<int>(config.tcpStreams);
+    options_.stream.bufferBytes = static_cast<int>(config.tcpSocketBufferBytes);
+    options_.stream.notSentLowat = static_cast<int>(config.tcpNotSentLowat);
+    options_.stream.peerTimeoutMs = static_cast<int>(config.peerTimeoutMs);
+    options_.strayTimeout = std::chrono::milliseconds(config.strayTimeoutMs);
+    minStripeBytes_ = static_cast<uint64_t>(config.fusionMinStripeBytes);
   }
 
   const char* name() const noexcept override { return "TCP"; }

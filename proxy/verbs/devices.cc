@@ -135,13 +135,8 @@ DiscoveryOptions DiscoveryOptions::fromSettings() {
   const Settings& config = settings();
   DiscoveryOptions options;
   options.hca = config.ibHca;
-  options.gidIndex = config.ibGidIndex >= 0 && config.ibGidIndex <= INT_MAX ? static_cast<int>(config.ibGidIndex) : -1;
-  if (config.ibAddrFamily == "AF_INET6") {
-    options.family = AF_INET6;
-  } else if (config.ibAddrFamily != "AF_INET") {
-    RN_WARN("NET/railnet: RAILNET_IB_ADDR_FAMILY=%s is not AF_INET or AF_INET6; using AF_INET",
-            config.ibAddrFamily.c_str());
-  }
+  options.gidIndex = static_cast<int>(config.ibGidIndex);   // -1..255 (settings table)
+  options.family = static_cast<int>(config.ibAddrFamily);  // AF_INET or AF_INET6
   return options;
 }
 

@@ -4,14 +4,6 @@
 
 namespace railnet::verbs {
 
-FlushMode parseFlushMode(const std::string& text, std::string* why) {
-  if (text == "auto" || text.empty()) return FlushMode::kAuto;
-  if (text == "0") return FlushMode::kNever;
-  if (text == "1") return FlushMode::kAlways;
-  if (why != nullptr) *why = "RAILNET_IB_FLUSH=" + text + " is not auto, 0 or 1; using auto";
-  return FlushMode::kAuto;
-}
-
 int flushTarget(int n, const int* sizes) {
   for (int i = n - 1; i >= 0; --i) {
     if (sizes[i] > 0) return i;

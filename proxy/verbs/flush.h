@@ -9,14 +9,13 @@
 #include <vector>
 
 #include "proxy/verbs/queue_pairs.h"
+#include "railnet/settings.h"
 
 namespace railnet::verbs {
 
-// RAILNET_IB_FLUSH: auto (flush receives into GPU memory), 0 (never), 1 (always, host memory too: lets the
-// conformance harness run the real READ on soft-RoCE).
-enum class FlushMode { kAuto, kNever, kAlways };
-// Parses the setting; an unknown value is reported (*why) and gives kAuto.
-FlushMode parseFlushMode(const std::string& text, std::string* why);
+// RAILNET_IB_FLUSH, parsed by the settings table (include/railnet/settings.h): auto (flush receives into GPU
+// memory), 0 (never), 1 (always, host memory too: lets the conformance harness run the real READ on soft-RoCE).
+using railnet::FlushMode;
 
 // The index of the buffer a flush reads from: the last one with sizes[i] > 0; -1 when all are empty (NCCL
 // skips the flush then).

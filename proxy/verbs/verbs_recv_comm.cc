@@ -12,9 +12,7 @@ VerbsRecvComm::VerbsRecvComm(std::vector<std::shared_ptr<VerbsDevice>> nics, int
                              const protocol::SocketAddress& peer, const QpOptions& options)
     : connection_(std::move(nics), peerNics, std::move(control), peer, "receive", options) {
   ring_.prepare([this](VerbsRecvRequest& entry) { entry.setOwner(this); });
-  std::string why;
-  flushMode_ = parseFlushMode(settings().ibFlush, &why);
-  if (!why.empty()) RN_WARN("NET/railnet: %s", why.c_str());
+  flushMode_ = settings().ibFlush;  // parsed and validated once, with the other settings
   flushRequests_.resize(64);
   for (VerbsFlushRequest& flush : flushRequests_) flush.setOwner(this);
   flush_.resize(static_cast<size_t>(connection_.nics()));

@@ -45,15 +45,17 @@ class VerbsTransport final : public Transport {
  public:
   VerbsTransport(const IbvApi& api, std::vector<VerbsPort> ports) : api_(api), ports_(std::move(ports)) {
     const Settings& config = settings();
-    qpOptions_.count = static_cast<int>(std::clamp<int64_t>(config.ibQpsPerConnection, 1, kMaxQps));
+    // The settings table holds every range (include/railnet/settings.h); values arrive validated.
+    static_assert(kMaxQps == 8, "RAILNET_IB_QPS_PER_CONNECTION allows 1..8 in include/railnet/settings.h");
+    qpOptions_.count = static_cast<int>(config.ibQpsPerConnection);
     qpOptions_.trafficClass = static_cast<int>(config.ibTrafficClass);
     qpOptions_.serviceLevel = static_cast<int>(config.ibServiceLevel);
-    qpOptions_.timeout = static_cast<int>(std::clamp<int64_t>(config.ibTimeout, 1, 31));
-    qpOptions_.retryCount = static_cast<int>(std::clamp<int64_t>(config.ibRetryCount, 0, 7));
+    qpOptions_.timeout = static_cast<int>(config.ibTimeout);
+    qpOptions_.retryCount = static_cast<int>(config.ibRetryCount);
     connectOptions_.streams = 0;  // control socket only: the bytes go by RDMA
-    connectOptions_.stream.peerTimeoutMs = static_cast<int>(std::max<int64_t>(config.peerTimeoutMs, 0));
-    connectOptions_.strayTimeout = std::chrono::milliseconds(std::max<int64_t>(config.strayTimeoutMs, 1));
-    minStripeBytes_ = static_cast<uint64_t>(std::max<int64_t>(config.fusionMinStripeBytes, 0));
+    connectOptions_.stream.peerTimeoutMs = static_cast<int>(config.peerTimeoutMs);
+    connectOptions_.strayTimeout = std::chrono::milliseconds(config.strayTimeoutMs);
+    minStripeBytes_ = static_cast<uint64_t>(config.fusionMinStripeBytes);
     devices_.resize(ports_.size());
   }
 
