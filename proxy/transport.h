@@ -9,6 +9,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <memory>
 #include <string>
 #include <vector>
@@ -61,7 +62,7 @@ inline DeviceInfo fusedDeviceInfo(const std::vector<const DeviceInfo*>& children
 // The common first base of every object railnet hands to NCCL as `void*` (listen/send/recv comms, requests,
 // memory registrations). plugin/net_core hands NCCL the AbiObject* of each object and converts it back only
 // after checking the tag, so a handle of the wrong kind is refused instead of being cast blindly. Being the
-// polymorphic first base, the AbiObject sits at the start of each object: the tag lies in its first 16 bytes.
+// polymorphic first base, the AbiObject sits at the start of each object: the tag is bytes 8..15.
 // The destructor overwrites the tag, so a destroyed object that still sits in memory reads as dead (reading
 // freed memory is itself undefined, which is why net_core checks comms against its live set first).
 class AbiObject {
@@ -107,12 +108,19 @@ class AbiObject {
   static constexpr uint64_t kMagic = 0x7261696cU;  // "rail"
   static constexpr uint64_t kDeadTag = 0xdeadfa11deadfa11U;
   static constexpr uint64_t tagOf(Kind kind) noexcept { return kMagic << 32 | static_cast<uint32_t>(kind); }
+  // Raw bytes, no member access: `handle` may not be an object at all (UBSan's vptr check would stop there).
   static uint64_t readTag(const void* handle) noexcept {
-    return *static_cast<const volatile uint64_t*>(&static_cast<const AbiObject*>(handle)->tag_);
+    uint64_t tag;
+    std::memcpy(&tag, static_cast<const unsigned char*>(handle) + kTagOffset, sizeof tag);
+    return tag;
   }
+  static constexpr size_t kTagOffset = sizeof(void*);  // after the vptr (Itanium C++ ABI)
 
   uint64_t tag_;
 };
+
+// A vptr and the tag, nothing else, so the tag lies right after the vptr (readTag relies on it).
+static_assert(sizeof(AbiObject) == sizeof(void*) + sizeof(uint64_t));
 
 // A request handed back to NCCL as `void*`. Requests live in their comm's pools until the comm closes; as in
 // NCCL, a request of a closed comm is not valid (its tag is not checked against anything but itself).
