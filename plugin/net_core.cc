@@ -4,6 +4,7 @@
 #include <atomic>
 #include <mutex>
 #include <string>
+#include <unordered_set>
 #include <vector>
 
 #include "plugin/guard.h"
@@ -101,9 +102,112 @@ void commClosed() {
   for (const std::string& line : nicCounterLines()) RN_INFO(NCCL_NET, "NET/railnet: NIC %s", line.c_str());
 }
 
-Comm* asComm(void* comm) {
-  if (comm == nullptr) fail(ncclInvalidUsage, "NET/railnet: NULL comm");
-  return static_cast<Comm*>(comm);
+using Kind = AbiObject::Kind;
+
+// The comms and listen comms railnet has handed to NCCL and not yet closed (docs/decisions.md D60). Every entry
+// point that takes one looks it up here before touching it, so a freed or foreign pointer is refused without
+// being read. Comms are few and NCCL calls each from one thread, so one uncontended lock and a hash lookup per
+// call is the whole cost.
+class LiveComms {
+ public:
+  // Call before handing `object` to NCCL (may throw std::bad_alloc: the caller still owns it then).
+  void add(const AbiObject* object) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    live_.insert(object);
+  }
+  bool contains(const void* handle) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return live_.count(handle) != 0;
+  }
+  // Removes `handle` when it is live and of `kind`, so only one of two racing closes deletes it.
+  bool take(const void* handle, Kind kind) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto found = live_.find(handle);
+    if (found == live_.end() || !AbiObject::holds(handle, kind)) return false;
+    live_.erase(found);
+    return true;
+  }
+
+ private:
+  std::mutex mutex_;
+  std::unordered_set<const void*> live_;
+};
+
+LiveComms& liveComms() {
+  static LiveComms instance;
+  return instance;
+}
+
+// Refuses `handle` (ncclInvalidUsage, naming the entry point) unless it is a live railnet object of `wanted`
+// (or of `alsoOk`). The caller has checked it is live, or it is a request/mhandle that is only tag-checked.
+[[noreturn]] void refuse(const char* entryPoint, const void* handle, Kind wanted, bool live) {
+  Kind actual = wanted;
+  if (live && AbiObject::kindAt(handle, &actual)) {
+    fail(ncclInvalidUsage, "NET/railnet: %s: %p is a %s, not a %s", entryPoint, handle, AbiObject::kindName(actual),
+         AbiObject::kindName(wanted));
+  }
+  fail(ncclInvalidUsage, "NET/railnet: %s: %p is not a live railnet %s", entryPoint, handle,
+       AbiObject::kindName(wanted));
+}
+
+AbiObject* checkedComm(const char* entryPoint, void* handle, Kind wanted, Kind alsoOk) {
+  if (handle == nullptr) fail(ncclInvalidUsage, "NET/railnet: %s: NULL %s", entryPoint, AbiObject::kindName(wanted));
+  if (!liveComms().contains(handle)) refuse(entryPoint, handle, wanted, false);
+  auto* object = static_cast<AbiObject*>(handle);
+  if (!AbiObject::holds(object, wanted) && !AbiObject::holds(object, alsoOk)) refuse(entryPoint, handle, wanted, true);
+  return object;
+}
+
+SendComm* sendCommOf(const char* entryPoint, void* handle) {
+  return static_cast<SendComm*>(checkedComm(entryPoint, handle, Kind::SendComm, Kind::SendComm));
+}
+
+RecvComm* recvCommOf(const char* entryPoint, void* handle) {
+  return static_cast<RecvComm*>(checkedComm(entryPoint, handle, Kind::RecvComm, Kind::RecvComm));
+}
+
+// A send or receive comm (registration takes either).
+Comm* anyCommOf(const char* entryPoint, void* handle) {
+  return static_cast<Comm*>(checkedComm(entryPoint, handle, Kind::SendComm, Kind::RecvComm));
+}
+
+// A memory handle: NULL stays NULL (allowed wherever it was before); anything else must carry the
+// MemoryRegion tag. Not looked up in a set: registrations may be many, and a deregistered one is invalid.
+MemoryRegion* regionOf(const char* entryPoint, void* mhandle) {
+  if (mhandle == nullptr) return nullptr;
+  if (!AbiObject::holds(mhandle, Kind::MemoryRegion)) refuse(entryPoint, mhandle, Kind::MemoryRegion, true);
+  return static_cast<MemoryRegion*>(static_cast<AbiObject*>(mhandle));
+}
+
+// The mhandles of an irecv/iflush as MemoryRegion*, each checked. `regions` has room for kInline; more (an n
+// the transport refuses anyway) spill to `spill`.
+constexpr int kInlineRegions = 8;
+MemoryRegion** regionsOf(const char* entryPoint, int n, void** mhandles, MemoryRegion* (&regions)[kInlineRegions],
+                         std::vector<MemoryRegion*>* spill) {
+  if (mhandles == nullptr || n < 1) return nullptr;
+  MemoryRegion** out = regions;
+  if (n > kInlineRegions) {
+    spill->resize(static_cast<size_t>(n));
+    out = spill->data();
+  }
+  for (int i = 0; i < n; ++i) out[i] = regionOf(entryPoint, mhandles[i]);
+  return out;
+}
+
+// Hands a new comm to NCCL: registered as live first, so a failure to register still closes it.
+template <class Object>
+void* handOut(std::unique_ptr<Object> object) {
+  liveComms().add(object.get());
+  return static_cast<AbiObject*>(object.release());
+}
+
+// Closes a live comm of `kind`: taken out of the live set, then destroyed. A handle of another kind, or one
+// that is not live, is refused untouched (and a comm of another kind stays usable).
+template <class Object>
+void closeComm(const char* entryPoint, void* handle, Kind kind) {
+  if (handle == nullptr) fail(ncclInvalidUsage, "NET/railnet: %s: NULL %s", entryPoint, AbiObject::kindName(kind));
+  if (!liveComms().take(handle, kind)) refuse(entryPoint, handle, kind, liveComms().contains(handle));
+  delete static_cast<Object*>(static_cast<AbiObject*>(handle));
 }
 
 }  // namespace
@@ -166,7 +270,7 @@ ncclResult_t deviceInfo(int dev, const DeviceInfo** info) {
 ncclResult_t listen(int dev, void* handle, void** listenComm) {
   return guarded("listen", [&] {
     if (handle == nullptr || listenComm == nullptr) fail(ncclInvalidUsage, "NET/railnet: listen with NULL arguments");
-    *listenComm = transport().listen(dev, handle).release();
+    *listenComm = handOut(transport().listen(dev, handle));
     return ncclSuccess;
   });
 }
@@ -177,52 +281,57 @@ ncclResult_t connect(int dev, void* handle, void** sendComm, ncclNetDeviceHandle
     *sendComm = nullptr;
     std::unique_ptr<SendComm> comm;
     transport().connect(dev, handle, &comm);
-    if (comm) commOpened();
-    *sendComm = static_cast<Comm*>(comm.release());
+    if (comm) {
+      commOpened();
+      *sendComm = handOut(std::move(comm));
+    }
     return ncclSuccess;
   });
 }
 
 ncclResult_t accept(void* listenComm, void** recvComm, ncclNetDeviceHandle_v8_t** /*recvDevComm*/) {
   return guarded("accept", [&] {
-    if (listenComm == nullptr || recvComm == nullptr) fail(ncclInvalidUsage, "NET/railnet: accept with NULL arguments");
+    if (recvComm == nullptr) fail(ncclInvalidUsage, "NET/railnet: accept with NULL arguments");
     *recvComm = nullptr;
     std::unique_ptr<RecvComm> comm;
-    static_cast<ListenComm*>(listenComm)->accept(&comm);
-    if (comm) commOpened();
-    *recvComm = static_cast<Comm*>(comm.release());
+    static_cast<ListenComm*>(checkedComm("accept", listenComm, Kind::ListenComm, Kind::ListenComm))->accept(&comm);
+    if (comm) {
+      commOpened();
+      *recvComm = handOut(std::move(comm));
+    }
     return ncclSuccess;
   });
 }
 
 ncclResult_t regMr(void* comm, void* data, size_t size, int type, void** mhandle) {
   return guarded("regMr", [&] {
-    *mhandle = asComm(comm)->regMr(data, size, type).release();
+    *mhandle = static_cast<AbiObject*>(anyCommOf("regMr", comm)->regMr(data, size, type).release());
     return ncclSuccess;
   });
 }
 
 ncclResult_t regMrDmaBuf(void* comm, void* data, size_t size, int type, uint64_t offset, int fd, void** mhandle) {
   return guarded("regMrDmaBuf", [&] {
-    *mhandle = asComm(comm)->regMrDmaBuf(data, size, type, offset, fd).release();
+    *mhandle =
+        static_cast<AbiObject*>(anyCommOf("regMrDmaBuf", comm)->regMrDmaBuf(data, size, type, offset, fd).release());
     return ncclSuccess;
   });
 }
 
 ncclResult_t deregMr(void* comm, void* mhandle) {
   return guarded("deregMr", [&] {
-    asComm(comm);
-    delete static_cast<MemoryRegion*>(mhandle);
+    anyCommOf("deregMr", comm);
+    delete regionOf("deregMr", mhandle);
     return ncclSuccess;
   });
 }
 
 ncclResult_t isend(void* sendComm, void* data, size_t size, int tag, void* mhandle, void** request) {
   return guarded("isend", [&] {
-    auto* comm = static_cast<SendComm*>(asComm(sendComm));
+    SendComm* comm = sendCommOf("isend", sendComm);
     Request* posted = nullptr;
-    ncclResult_t result = comm->isend(data, size, tag, static_cast<MemoryRegion*>(mhandle), &posted);
-    *request = posted;
+    ncclResult_t result = comm->isend(data, size, tag, regionOf("isend", mhandle), &posted);
+    *request = static_cast<AbiObject*>(posted);
     return result;
   });
 }
@@ -230,21 +339,27 @@ ncclResult_t isend(void* sendComm, void* data, size_t size, int tag, void* mhand
 ncclResult_t irecv(void* recvComm, int n, void** data, const size_t* sizes, int* tags, void** mhandles,
                    void** request) {
   return guarded("irecv", [&] {
-    auto* comm = static_cast<RecvComm*>(asComm(recvComm));
+    RecvComm* comm = recvCommOf("irecv", recvComm);
+    MemoryRegion* regions[kInlineRegions];
+    std::vector<MemoryRegion*> spill;
+    MemoryRegion** mrs = regionsOf("irecv", n, mhandles, regions, &spill);
     // *request may arrive as NCCL_NET_OPTIONAL_RECV_COMPLETION; we always complete receives, so it is a hint.
     Request* posted = nullptr;
-    ncclResult_t result = comm->irecv(n, data, sizes, tags, reinterpret_cast<MemoryRegion**>(mhandles), &posted);
-    *request = posted;
+    ncclResult_t result = comm->irecv(n, data, sizes, tags, mrs, &posted);
+    *request = static_cast<AbiObject*>(posted);
     return result;
   });
 }
 
 ncclResult_t iflush(void* recvComm, int n, void** data, int* sizes, void** mhandles, void** request) {
   return guarded("iflush", [&] {
-    auto* comm = static_cast<RecvComm*>(asComm(recvComm));
+    RecvComm* comm = recvCommOf("iflush", recvComm);
+    MemoryRegion* regions[kInlineRegions];
+    std::vector<MemoryRegion*> spill;
+    MemoryRegion** mrs = regionsOf("iflush", n, mhandles, regions, &spill);
     Request* posted = nullptr;
-    ncclResult_t result = comm->iflush(n, data, sizes, reinterpret_cast<MemoryRegion**>(mhandles), &posted);
-    *request = posted;
+    ncclResult_t result = comm->iflush(n, data, sizes, mrs, &posted);
+    *request = static_cast<AbiObject*>(posted);
     return result;
   });
 }
@@ -252,13 +367,15 @@ ncclResult_t iflush(void* recvComm, int n, void** data, int* sizes, void** mhand
 ncclResult_t test(void* request, int* done, int* sizes) {
   return guarded("test", [&] {
     if (request == nullptr) fail(ncclInvalidUsage, "NET/railnet: test of a NULL request");
-    return static_cast<Request*>(request)->test(done, sizes);
+    // Only the tag: requests are many and live in their comm's pools (D60); one of a closed comm is invalid.
+    if (!AbiObject::holds(request, Kind::Request)) refuse("test", request, Kind::Request, true);
+    return static_cast<Request*>(static_cast<AbiObject*>(request))->test(done, sizes);
   });
 }
 
 ncclResult_t closeSend(void* sendComm) {
   return guarded("closeSend", [&] {
-    delete static_cast<SendComm*>(asComm(sendComm));
+    closeComm<SendComm>("closeSend", sendComm, Kind::SendComm);
     commClosed();
     return ncclSuccess;
   });
@@ -266,7 +383,7 @@ ncclResult_t closeSend(void* sendComm) {
 
 ncclResult_t closeRecv(void* recvComm) {
   return guarded("closeRecv", [&] {
-    delete static_cast<RecvComm*>(asComm(recvComm));
+    closeComm<RecvComm>("closeRecv", recvComm, Kind::RecvComm);
     commClosed();
     return ncclSuccess;
   });
@@ -274,7 +391,8 @@ ncclResult_t closeRecv(void* recvComm) {
 
 ncclResult_t closeListen(void* listenComm) {
   return guarded("closeListen", [&] {
-    delete static_cast<ListenComm*>(listenComm);
+    if (listenComm == nullptr) return ncclSuccess;  // as before: closing nothing is no error
+    closeComm<ListenComm>("closeListen", listenComm, Kind::ListenComm);
     return ncclSuccess;
   });
 }

@@ -9,6 +9,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <memory>
 #include <string>
 #include <vector>
@@ -58,18 +59,84 @@ inline DeviceInfo fusedDeviceInfo(const std::vector<const DeviceInfo*>& children
   return fused;
 }
 
-// A request handed back to NCCL as `void*`.
-class Request {
+// The common first base of every object railnet hands to NCCL as `void*` (listen/send/recv comms, requests,
+// memory registrations). plugin/net_core hands NCCL the AbiObject* of each object and converts it back only
+// after checking the tag, so a handle of the wrong kind is refused instead of being cast blindly. Being the
+// polymorphic first base, the AbiObject sits at the start of each object: the tag is bytes 8..15.
+// The destructor overwrites the tag, so a destroyed object that still sits in memory reads as dead (reading
+// freed memory is itself undefined, which is why net_core checks comms against its live set first).
+class AbiObject {
  public:
-  virtual ~Request() = default;
+  enum class Kind : uint32_t {
+    ListenComm = 1,
+    SendComm = 2,
+    RecvComm = 3,
+    Request = 4,
+    MemoryRegion = 5,
+  };
+
+  virtual ~AbiObject() { *static_cast<volatile uint64_t*>(&tag_) = kDeadTag; }  // volatile: never elided
+
+  // True when `handle` points at a live object of `kind`. `handle` must be non-null and at least 16 bytes
+  // of readable memory (a live railnet object, or a foreign pointer the caller accepts to read from).
+  static bool holds(const void* handle, Kind kind) noexcept { return readTag(handle) == tagOf(kind); }
+  // The kind a live railnet object at `handle` carries; false when the tag is none of ours.
+  static bool kindAt(const void* handle, Kind* kind) noexcept {
+    const uint64_t tag = readTag(handle);
+    const auto low = static_cast<uint32_t>(tag);
+    if (tag >> 32 != kMagic || low < 1 || low > 5) return false;
+    *kind = static_cast<Kind>(low);
+    return true;
+  }
+  static const char* kindName(Kind kind) noexcept {
+    switch (kind) {
+      case Kind::ListenComm: return "listen comm";
+      case Kind::SendComm: return "send comm";
+      case Kind::RecvComm: return "receive comm";
+      case Kind::Request: return "request";
+      case Kind::MemoryRegion: return "memory handle";
+    }
+    return "railnet object";
+  }
+
+ protected:
+  explicit AbiObject(Kind kind) noexcept : tag_(tagOf(kind)) {}
+  AbiObject(const AbiObject& other) noexcept = default;
+  AbiObject& operator=(const AbiObject& other) noexcept = default;
+
+ private:
+  static constexpr uint64_t kMagic = 0x7261696cU;  // "rail"
+  static constexpr uint64_t kDeadTag = 0xdeadfa11deadfa11U;
+  static constexpr uint64_t tagOf(Kind kind) noexcept { return kMagic << 32 | static_cast<uint32_t>(kind); }
+  // Raw bytes, no member access: `handle` may not be an object at all (UBSan's vptr check would stop there).
+  static uint64_t readTag(const void* handle) noexcept {
+    uint64_t tag;
+    std::memcpy(&tag, static_cast<const unsigned char*>(handle) + kTagOffset, sizeof tag);
+    return tag;
+  }
+  static constexpr size_t kTagOffset = sizeof(void*);  // after the vptr (Itanium C++ ABI)
+
+  uint64_t tag_;
+};
+
+// A vptr and the tag, nothing else, so the tag lies right after the vptr (readTag relies on it).
+static_assert(sizeof(AbiObject) == sizeof(void*) + sizeof(uint64_t));
+
+// A request handed back to NCCL as `void*`. Requests live in their comm's pools until the comm closes; as in
+// NCCL, a request of a closed comm is not valid (its tag is not checked against anything but itself).
+class Request : public AbiObject {
+ public:
+  Request() noexcept : AbiObject(Kind::Request) {}
+  ~Request() override = default;
   // sizes: NULL, or room for one int per buffer of the request. Once *done is set, the request is the
   // transport's again and must not be used by the caller.
   virtual ncclResult_t test(int* done, int* sizes) noexcept = 0;
 };
 
-class MemoryRegion {
+class MemoryRegion : public AbiObject {
  public:
-  virtual ~MemoryRegion() = default;
+  MemoryRegion() noexcept : AbiObject(Kind::MemoryRegion) {}
+  ~MemoryRegion() override = default;
 };
 
 // How a transport registers memory for its comms (one registrar serves both directions of a connection).
@@ -80,34 +147,38 @@ class MemoryRegistrar {
   virtual std::unique_ptr<MemoryRegion> regMrDmaBuf(void* data, size_t size, int type, uint64_t offset, int fd) = 0;
 };
 
-class Comm {
+class Comm : public AbiObject {
  public:
-  virtual ~Comm() = default;
+  ~Comm() override = default;
   std::unique_ptr<MemoryRegion> regMr(void* data, size_t size, int type) { return registrar().regMr(data, size, type); }
   std::unique_ptr<MemoryRegion> regMrDmaBuf(void* data, size_t size, int type, uint64_t offset, int fd) {
     return registrar().regMrDmaBuf(data, size, type, offset, fd);
   }
 
  protected:
+  explicit Comm(Kind kind) noexcept : AbiObject(kind) {}
   virtual MemoryRegistrar& registrar() noexcept = 0;
 };
 
 class SendComm : public Comm {
  public:
+  SendComm() noexcept : Comm(Kind::SendComm) {}
   virtual ncclResult_t isend(void* data, size_t size, int tag, MemoryRegion* mr, Request** request) noexcept = 0;
 };
 
 class RecvComm : public Comm {
  public:
+  RecvComm() noexcept : Comm(Kind::RecvComm) {}
   virtual ncclResult_t irecv(int n, void** data, const size_t* sizes, const int* tags, MemoryRegion** mrs,
                              Request** request) noexcept = 0;
   virtual ncclResult_t iflush(int n, void** data, const int* sizes, MemoryRegion** mrs,
                               Request** request) noexcept = 0;
 };
 
-class ListenComm {
+class ListenComm : public AbiObject {
  public:
-  virtual ~ListenComm() = default;
+  ListenComm() noexcept : AbiObject(Kind::ListenComm) {}
+  ~ListenComm() override = default;
   // Leaves *comm empty while the connection is still being established.
   virtual void accept(std::unique_ptr<RecvComm>* comm) = 0;
 };
