@@ -215,6 +215,24 @@ std::vector<std::string> childReceiverArgs(int version, int dev, size_t size, bo
 
 uint64_t childPatternSeed() { return kChildSeed; }
 
+Comm acceptFromChildSender(NetApi& net, void* ctx, int version, int dev, size_t size,
+                           std::unique_ptr<ChildProcess>* child) {
+  ConnHandle handle;
+  Comm listener = listenOn(net, ctx, dev, &handle);
+  *child = std::make_unique<ChildProcess>(childSenderArgs(toHex(handle.bytes, sizeof(handle.bytes)), version, dev, size));
+  Comm recv = acceptLoop(net, listener.get(), Deadline());
+  REQUIRE_OK(listener.close());
+  return recv;
+}
+
+Comm connectToChildReceiver(NetApi& net, void* ctx, int dev, ChildProcess& child) {
+  const std::string line = child.readLine(Deadline());
+  ConnHandle handle;
+  REQUIRE(line.rfind("HANDLE ", 0) == 0 && fromHex(line.substr(7), handle.bytes, sizeof(handle.bytes)),
+          "the child receiver printed no handle: " + line);
+  return connectLoop(net, ctx, dev, handle, Deadline());
+}
+
 void ChildProcess::stop() {
   if (pid_ > 0) ::kill(pid_, SIGSTOP);
 }

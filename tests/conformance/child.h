@@ -4,9 +4,11 @@
 
 #include <sys/types.h>
 
+#include <memory>
 #include <string>
 #include <vector>
 
+#include "comms.h"
 #include "harness.h"
 
 namespace conformance {
@@ -46,5 +48,12 @@ std::vector<std::string> childSenderArgs(const std::string& handleHex, int versi
 std::vector<std::string> childReceiverArgs(int version, int dev, size_t size, bool report = false);
 // The fillPattern seed of every child sender's messages.
 uint64_t childPatternSeed();
+
+// The receive comm of a connection from a child sender of `size`-byte messages: listens on `dev`, starts the
+// child (*child) with the handle, accepts and closes the listener.
+Comm acceptFromChildSender(NetApi& net, void* ctx, int version, int dev, size_t size,
+                           std::unique_ptr<ChildProcess>* child);
+// The send comm of a connection to a child receiver: reads its "HANDLE <hex>" line and connects.
+Comm connectToChildReceiver(NetApi& net, void* ctx, int dev, ChildProcess& child);
 
 }  // namespace conformance

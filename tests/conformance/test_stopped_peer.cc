@@ -40,11 +40,7 @@ TEST_CASE("failure", "stopped_receiver", Scope::PerVersion) {
   fillPattern(buffer.data(), kMessage, childPatternSeed());
   NetContext ctx(net, nextCommId());
   ChildProcess child(childReceiverArgs(env.version, env.dev, kMessage, /*report=*/true));
-  const std::string line = child.readLine(Deadline());
-  ConnHandle handle;
-  REQUIRE(line.rfind("HANDLE ", 0) == 0 && fromHex(line.substr(7), handle.bytes, sizeof(handle.bytes)),
-          "the child receiver printed no handle: " + line);
-  Comm send = connectLoop(net, ctx.get(), env.dev, handle, Deadline());
+  Comm send = connectToChildReceiver(net, ctx.get(), env.dev, child);
   Registration reg(net, send.get(), buffer.data(), kMessage);
 
   void* request = postSend(net, send.get(), buffer.data(), kMessage, 0, reg.handle(), Deadline());
@@ -76,11 +72,9 @@ TEST_CASE("failure", "stopped_sender", Scope::PerVersion) {
   NetApi& net = *env.net;
   HostBuffer buffer(kMessage);  // outlives the comm
   NetContext ctx(net, nextCommId());
-  ConnHandle handle;
-  Comm listener = listenOn(net, ctx.get(), env.dev, &handle);
-  ChildProcess child(childSenderArgs(toHex(handle.bytes, sizeof(handle.bytes)), env.version, env.dev, kMessage));
-  Comm recv = acceptLoop(net, listener.get(), Deadline());
-  REQUIRE_OK(listener.close());
+  std::unique_ptr<ChildProcess> sender;
+  Comm recv = acceptFromChildSender(net, ctx.get(), env.version, env.dev, kMessage, &sender);
+  ChildProcess& child = *sender;
   Registration reg(net, recv.get(), buffer.data(), kMessage);
 
   for (int message = 1; message <= 3; ++message) {
