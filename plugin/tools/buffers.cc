@@ -32,8 +32,8 @@ HostBuffer::~HostBuffer() { munmap(data_, size_); }
 BenchBuffers::BenchBuffers(size_t maxMessage, int window, size_t arenaCap)
     : send(std::max(maxMessage, std::min(maxMessage * static_cast<size_t>(window), arenaCap))),
       recv(send.size()),
-      echoSend(maxMessage),
-      echoRecv(maxMessage),
+      echoSend(send.size()),
+      echoRecv(send.size()),
       window_(window) {
   fillPattern(send.data(), send.size(), 0x7261696c6e6574ULL);
   fillPattern(echoSend.data(), echoSend.size(), 0x6563686fULL);

@@ -33,8 +33,8 @@ class BenchBuffers {
 
   HostBuffer send;      // source of the measured direction; holds the verification pattern
   HostBuffer recv;      // destination of the measured direction
-  HostBuffer echoSend;  // source of the way back in ping-pong (one message)
-  HostBuffer echoRecv;  // destination of the way back in ping-pong (one message)
+  HostBuffer echoSend;  // source of the way back (ping-pong's pong; the back direction when both ways stream)
+  HostBuffer echoRecv;  // destination of the way back
 
   size_t slots(size_t size) const noexcept {
     return std::max<size_t>(1, std::min<size_t>(static_cast<size_t>(window_), send.size() / size));

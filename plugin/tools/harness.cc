@@ -1,5 +1,7 @@
 #include "plugin/tools/harness.h"
 
+#include <ctime>
+
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -159,6 +161,12 @@ double median(std::vector<double> values) {
   double upper = *middle;
   double lower = *std::max_element(values.begin(), middle);
   return (lower + upper) / 2;
+}
+
+double processCpuSeconds() noexcept {
+  timespec cpu{};
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &cpu);
+  return static_cast<double>(cpu.tv_sec) + static_cast<double>(cpu.tv_nsec) * 1e-9;
 }
 
 }  // namespace railnet::bench

@@ -96,4 +96,7 @@ TimedRun runCalibrated(const std::function<double(uint64_t)>& run, uint64_t firs
 
 double median(std::vector<double> values);
 
+// CPU seconds this process has used so far, all threads (the plugin's helpers and the bench's own).
+double processCpuSeconds() noexcept;
+
 }  // namespace railnet::bench

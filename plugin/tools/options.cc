@@ -35,6 +35,9 @@ constexpr const char* kUsage =
     "                    devices through makeVDevice, e.g. lo@127.0.1.1+lo@127.0.2.1 with RAILNET_TCP_ADDRESSES\n"
     "  --against PEER    the baseline measured in the same run: raw (raw TCP, default; the goal applies) or a\n"
     "                    railnet device name as for --device (fused vs one rail: scripts/rails-tc.sh)\n"
+    "  --bidir           only the table of both directions at once (every rank of an all_reduce sends and\n"
+    "                    receives together); by default it follows the one-way table\n"
+    "  --one-way         only the one-way table\n"
     "  -v, --verbose     forward the plugin's INFO lines to stderr (WARN always goes there)\n"
     "Environment: RAILNET_IFNAME defaults to lo here; RAILNET_TCP_STREAMS sets the streams of railnet and of\n"
     "the raw TCP peer alike.\n";
@@ -101,6 +104,8 @@ Options parseOptions(int argc, char** argv) {
     else if (arg == "--quick") quick = true;
     else if (arg == "--device") options.device = value();
     else if (arg == "--against") options.against = value();
+    else if (arg == "--bidir") options.oneWay = false;
+    else if (arg == "--one-way") options.bothWays = false;
     else if (arg == "-v" || arg == "--verbose") options.verbose = true;
     else if (arg == "-h" || arg == "--help") {
       fputs(kUsage, stdout);
@@ -109,6 +114,7 @@ Options parseOptions(int argc, char** argv) {
       usageError("unknown option " + arg);
     }
   }
+  if (!options.oneWay && !options.bothWays) usageError("--bidir and --one-way leave no table to measure");
   // Explicit values win over --quick's, whatever their order on the command line.
   options.maxSize = maxSize.value_or(quick ? 64 * MiB : options.maxSize);
   options.step = step.value_or(quick ? 16 : options.step);
@@ -136,6 +142,20 @@ std::string sizeText(size_t size) {
   if (size >= MiB && size % MiB == 0) return format("%zu MiB", size / MiB);
   if (size >= KiB && size % KiB == 0) return format("%zu KiB", size / KiB);
   return format("%zu B", size);
+}
+
+std::vector<size_t> bothWaysSizes(const Options& options) {
+  std::vector<size_t> sizes;
+  for (size_t size : sweepSizes(options)) {
+    if (size >= 64 * KiB) sizes.push_back(size);
+  }
+  for (size_t goal : {512 * KiB, 4 * MiB}) {
+    if (goal >= options.minSize && goal <= options.maxSize && std::find(sizes.begin(), sizes.end(), goal) == sizes.end()) {
+      sizes.push_back(goal);
+    }
+  }
+  std::sort(sizes.begin(), sizes.end());
+  return sizes;
 }
 
 }  // namespace railnet::bench

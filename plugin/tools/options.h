@@ -23,6 +23,8 @@ struct Options {
   bool verbose = false;
   std::string device;           // --device: empty = the default loopback device ("lo", else device 0)
   std::string against = "raw";  // --against: "raw" (raw TCP) or a railnet device name (a+b fuses)
+  bool oneWay = true;           // the one-way table (off with --bidir)
+  bool bothWays = true;         // the both-directions table (off with --one-way)
   bool againstRaw() const { return against == "raw"; }
 };
 
@@ -32,6 +34,9 @@ Options parseOptions(int argc, char** argv);
 // Powers of two from minSize to maxSize, `step` apart, anchored at maxSize so the round sizes (4 MiB, 16 MiB, ...)
 // appear; minSize is always included.
 std::vector<size_t> sweepSizes(const Options& options);
+
+// The sizes of the both-ways table: the sweep's from 64 KiB up, plus the goal's 512 KiB and 4 MiB when they fit.
+std::vector<size_t> bothWaysSizes(const Options& options);
 
 // "8 B", "16 KiB", "4 MiB".
 std::string sizeText(size_t size);

@@ -21,6 +21,11 @@ class Peer {
   // last message was received.
   virtual double stream(size_t size, uint64_t count) = 0;
 
+  // Both directions at once, as all_reduce, all_gather, reduce_scatter and sendrecv load every rank's NIC:
+  // `count` messages forward (send -> recv slots) and `count` back (echoSend -> echoRecv slots), each direction
+  // with its own window. Returns the seconds until the last message of both directions was received.
+  virtual double streamBothWays(size_t size, uint64_t count) = 0;
+
   // `count` round trips of `size` bytes (send -> recv, then echoSend -> echoRecv); appends each half round trip
   // in microseconds to `halfRttUs`. Returns the seconds the whole run took.
   virtual double pingPong(size_t size, uint64_t count, std::vector<double>* halfRttUs) = 0;

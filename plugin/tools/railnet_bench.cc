@@ -37,25 +37,74 @@ constexpr uint64_t kMaxMessages = uint64_t{1} << 32;
 // run can be hit by an unrelated burst of load, and railnet and raw TCP are measured at different moments.
 constexpr size_t kBandwidthTrials = 3;
 
+// Checks every slot of `received` against `sent` after a run that filled `messages` slots.
+void compareSlots(const Peer& peer, const char* direction, size_t size, size_t messages, const HostBuffer& sent,
+                  const HostBuffer& received) {
+  for (size_t k = 0; k < messages; ++k) {
+    const std::byte* from = sent.data() + k * size;
+    const std::byte* to = received.data() + k * size;
+    const uint64_t expected = checksum(from, size);
+    const uint64_t got = checksum(to, size);
+    if (got != expected) {
+      size_t offset = 0;
+      while (offset < size && from[offset] == to[offset]) ++offset;
+      fail("%s %s, %s: wrong data in message %zu of %zu: checksum %016llx, expected %016llx (first bad byte at "
+           "offset %zu)", peer.name().c_str(), sizeText(size).c_str(), direction, k, messages,
+           static_cast<unsigned long long>(got), static_cast<unsigned long long>(expected), offset);
+    }
+  }
+}
+
 // Moves one message into each slot of the receive buffer (cleared first) and compares every slot with the
 // bytes that were sent, so a fast transport that delivers wrong, misplaced or no data cannot pass.
 void verify(Peer& peer, size_t size, BenchBuffers& buffers) {
   size_t messages = buffers.slots(size);
   memset(buffers.recv.data(), 0, messages * size);
   peer.stream(size, messages);
-  for (size_t k = 0; k < messages; ++k) {
-    const std::byte* sent = buffers.send.data() + k * size;
-    const std::byte* received = buffers.recv.data() + k * size;
-    uint64_t expected = checksum(sent, size);
-    uint64_t got = checksum(received, size);
-    if (got != expected) {
-      size_t offset = 0;
-      while (offset < size && sent[offset] == received[offset]) ++offset;
-      fail("%s %s: wrong data in message %zu of %zu: checksum %016llx, expected %016llx (first bad byte at offset "
-           "%zu)", peer.name().c_str(), sizeText(size).c_str(), k, messages, static_cast<unsigned long long>(got),
-           static_cast<unsigned long long>(expected), offset);
-    }
-  }
+  compareSlots(peer, "one way", size, messages, buffers.send, buffers.recv);
+}
+
+// Both directions at once into cleared slots, then every slot of both directions compared with what was sent.
+void verifyBothWays(Peer& peer, size_t size, BenchBuffers& buffers) {
+  const size_t messages = buffers.slots(size);
+  memset(buffers.recv.data(), 0, messages * size);
+  memset(buffers.echoRecv.data(), 0, messages * size);
+  peer.streamBothWays(size, messages);
+  compareSlots(peer, "forward", size, messages, buffers.send, buffers.recv);
+  compareSlots(peer, "back", size, messages, buffers.echoSend, buffers.echoRecv);
+}
+
+// The median GB/s of kBandwidthTrials runs of `run(count)` (after a calibrated warm-up), and the process's CPU
+// seconds per GB moved over those runs (`directions` x count x size bytes each).
+PeerResult timedStreaming(const std::function<double(uint64_t)>& run, size_t size, int directions,
+                          const Options& options) {
+  const double warmup = std::clamp(options.seconds / 10, 0.02, 0.2);
+  auto gbps = [&](uint64_t count, double seconds) {
+    return static_cast<double>(count) * static_cast<double>(size) / seconds / 1e9;
+  };
+  uint64_t firstCount = std::clamp<uint64_t>(16 * MiB / size, 1, static_cast<uint64_t>(options.window));
+  TimedRun first = runCalibrated(run, firstCount, 2, kMaxMessages, warmup, options.seconds / kBandwidthTrials);
+  std::vector<double> trials = {gbps(first.count, first.seconds)};
+  const double cpuBefore = processCpuSeconds();
+  while (trials.size() < kBandwidthTrials) trials.push_back(gbps(first.count, run(first.count)));
+  const double cpuSeconds = processCpuSeconds() - cpuBefore;
+  const double gigabytes = static_cast<double>(kBandwidthTrials - 1) * static_cast<double>(directions) *
+                           static_cast<double>(first.count) * static_cast<double>(size) / 1e9;
+  PeerResult result;
+  result.gbps = median(trials);
+  result.cpuPerGB = gigabytes > 0 ? cpuSeconds / gigabytes : 0;
+  return result;
+}
+
+// Both directions at once: verify, then per-direction bandwidth and CPU per GB.
+PeerResult measureBothWays(Peer& peer, size_t size, const Options& options, BenchBuffers& buffers,
+                           StallGuard& guard, const std::function<void(const std::string&)>& announce) {
+  guard.setPhase(peer.name() + " " + sizeText(size) + " both ways, verify");
+  announce(peer.name() + " both ways, verify");
+  verifyBothWays(peer, size, buffers);
+  guard.setPhase(peer.name() + " " + sizeText(size) + " both ways, bandwidth");
+  announce(peer.name() + " both ways, bandwidth");
+  return timedStreaming([&](uint64_t count) { return peer.streamBothWays(size, count); }, size, 2, options);
 }
 
 // Verify, then bandwidth (one way, window in flight; median of kBandwidthTrials runs), then latency (ping-pong,
@@ -73,15 +122,7 @@ PeerResult measure(Peer& peer, size_t size, const Options& options, BenchBuffers
   verify(peer, size, buffers);
 
   phase("bandwidth");
-  auto gbps = [&](uint64_t count, double seconds) {
-    return static_cast<double>(count) * static_cast<double>(size) / seconds / 1e9;
-  };
-  uint64_t firstCount = std::clamp<uint64_t>(16 * MiB / size, 1, static_cast<uint64_t>(options.window));
-  TimedRun first = runCalibrated([&](uint64_t count) { return peer.stream(size, count); }, firstCount, 2,
-                                 kMaxMessages, warmup, options.seconds / kBandwidthTrials);
-  std::vector<double> trials = {gbps(first.count, first.seconds)};
-  while (trials.size() < kBandwidthTrials) trials.push_back(gbps(first.count, peer.stream(size, first.count)));
-  result.gbps = median(trials);
+  result = timedStreaming([&](uint64_t count) { return peer.stream(size, count); }, size, 1, options);
 
   phase("latency");
   std::vector<double> halfRttUs;
@@ -159,17 +200,34 @@ int run(const Options& options) {
 
   try {
     std::vector<Row> rows;
-    Progress progress;
-    for (size_t i = 0; i < sizes.size(); ++i) {
-      auto announce = [&](const std::string& what) { progress.show(i, sizes.size(), sizes[i], what); };
-      Row row{sizes[i], measure(railnet, sizes[i], options, buffers, guard, announce),
-              measure(*baseline, sizes[i], options, buffers, guard, announce)};
-      progress.finish();
-      printRow(row);
-      csv.write(row);
-      rows.push_back(row);
+    if (options.oneWay) {
+      Progress progress;
+      for (size_t i = 0; i < sizes.size(); ++i) {
+        auto announce = [&](const std::string& what) { progress.show(i, sizes.size(), sizes[i], what); };
+        Row row{sizes[i], measure(railnet, sizes[i], options, buffers, guard, announce),
+                measure(*baseline, sizes[i], options, buffers, guard, announce)};
+        progress.finish();
+        printRow(row);
+        csv.write(row, "one-way");
+        rows.push_back(row);
+      }
     }
-    printSummary(rows, options.againstRaw());
+    std::vector<Row> bothWaysRows;
+    if (options.bothWays) {
+      const std::vector<size_t> both = bothWaysSizes(options);
+      printBothWaysHeader(description);
+      Progress progress;
+      for (size_t i = 0; i < both.size(); ++i) {
+        auto announce = [&](const std::string& what) { progress.show(i, both.size(), both[i], what); };
+        Row row{both[i], measureBothWays(railnet, both[i], options, buffers, guard, announce),
+                measureBothWays(*baseline, both[i], options, buffers, guard, announce)};
+        progress.finish();
+        printBothWaysRow(row);
+        csv.write(row, "both-ways");
+        bothWaysRows.push_back(row);
+      }
+    }
+    printSummary(rows, bothWaysRows, options.againstRaw());
     baseline.reset();
     railnet.shutdown();
   } catch (const std::exception& error) {

@@ -273,21 +273,37 @@ void RailnetPeer::waitDone(void* request, const char* what, size_t size, bool ex
   }
 }
 
-double RailnetPeer::stream(size_t size, uint64_t count) {
-  Link& link = *forward_;
-  auto sender = [&] {
-    pipeline("sender isend", size, count, false, [&](uint64_t i, void** request) {
-      return net_.isend(link.sendComm, buffers_.send.data() + buffers_.slotOffset(size, i), size, kTag, link.sendMr,
+std::vector<std::function<void()>> RailnetPeer::streamTasks(Link& link, const HostBuffer& source,
+                                                             HostBuffer& destination, size_t size, uint64_t count,
+                                                             const char* direction) {
+  const std::string senderSide = std::string(direction) + " sender isend";
+  const std::string receiverSide = std::string(direction) + " receiver irecv";
+  auto sender = [&link, &source, size, count, senderSide, this] {
+    pipeline(senderSide.c_str(), size, count, false, [&](uint64_t i, void** request) {
+      return net_.isend(link.sendComm, source.data() + buffers_.slotOffset(size, i), size,
+                        kTag, link.sendMr, request);
+    });
+  };
+  auto receiver = [&link, &destination, size, count, receiverSide, this] {
+    pipeline(receiverSide.c_str(), size, count, true, [&](uint64_t i, void** request) {
+      return net_.irecv(link.recvComm, destination.data() + buffers_.slotOffset(size, i), size, kTag, link.recvMr,
                         request);
     });
   };
-  auto receiver = [&] {
-    pipeline("receiver irecv", size, count, true, [&](uint64_t i, void** request) {
-      return net_.irecv(link.recvComm, buffers_.recv.data() + buffers_.slotOffset(size, i), size, kTag,
-                        link.recvMr, request);
-    });
-  };
-  return runTogether(guard_, {sender, receiver});
+  return {sender, receiver};
+}
+
+double RailnetPeer::stream(size_t size, uint64_t count) {
+  return runTogether(guard_, streamTasks(*forward_, buffers_.send, buffers_.recv, size, count, "forward"));
+}
+
+double RailnetPeer::streamBothWays(size_t size, uint64_t count) {
+  std::vector<std::function<void()>> tasks =
+      streamTasks(*forward_, buffers_.send, buffers_.recv, size, count, "forward");
+  for (auto& task : streamTasks(*back_, buffers_.echoSend, buffers_.echoRecv, size, count, "back")) {
+    tasks.push_back(std::move(task));
+  }
+  return runTogether(guard_, tasks);
 }
 
 double RailnetPeer::pingPong(size_t size, uint64_t count, std::vector<double>* halfRttUs) {

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -32,6 +33,7 @@ class RailnetPeer final : public Peer {
   int deviceIndex() const noexcept { return dev_; }
 
   double stream(size_t size, uint64_t count) override;
+  double streamBothWays(size_t size, uint64_t count) override;
   double pingPong(size_t size, uint64_t count, std::vector<double>* halfRttUs) override;
 
  private:
@@ -44,6 +46,9 @@ class RailnetPeer final : public Peer {
   template <class Post>
   void* postWithRetry(const char* what, Post&& post);
   void waitDone(void* request, const char* what, size_t size, bool exactSize);
+  // The sender and receiver tasks that stream `count` messages over `link` from `source` into `destination` slots.
+  std::vector<std::function<void()>> streamTasks(Link& link, const HostBuffer& source, HostBuffer& destination,
+                                                 size_t size, uint64_t count, const char* direction);
 
   const NetPlugin& net_;
   BenchBuffers& buffers_;

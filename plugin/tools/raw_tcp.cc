@@ -39,14 +39,14 @@ void configureDataSocket(int fd) {
   setOption(fd, SOL_SOCKET, SO_RCVTIMEO, &wakeup, sizeof(wakeup), "SO_RCVTIMEO");
 }
 
+}  // namespace
+
 // How many messages receiver j has finished: sender j waits on it to stay within the window.
-struct Credit {
+struct RawTcpPeer::Credit {
   std::mutex mutex;
   std::condition_variable changed;
   uint64_t completed = 0;
 };
-
-}  // namespace
 
 Socket::~Socket() {
   if (fd_ >= 0) close(fd_);
@@ -75,19 +75,23 @@ RawTcpPeer::RawTcpPeer(int streams, int window, BenchBuffers& buffers, StallGuar
       getsockname(listener.fd(), reinterpret_cast<sockaddr*>(&address), &length) != 0) {
     fail("raw TCP: cannot listen on 127.0.0.1: %s", strerror(errno));
   }
-  pairs_.resize(static_cast<size_t>(streams));
-  for (Pair& pair : pairs_) {
-    // Connect, then accept at once: the accept queue then holds exactly this connection.
-    pair.sender = openSocket();
-    if (connect(pair.sender.fd(), reinterpret_cast<sockaddr*>(&address), sizeof(address)) != 0) {
-      fail("raw TCP: connect to 127.0.0.1:%d: %s", ntohs(address.sin_port), strerror(errno));
+  auto connectPairs = [&](std::vector<Pair>& pairs) {
+    pairs.resize(static_cast<size_t>(streams));
+    for (Pair& pair : pairs) {
+      // Connect, then accept at once: the accept queue then holds exactly this connection.
+      pair.sender = openSocket();
+      if (connect(pair.sender.fd(), reinterpret_cast<sockaddr*>(&address), sizeof(address)) != 0) {
+        fail("raw TCP: connect to 127.0.0.1:%d: %s", ntohs(address.sin_port), strerror(errno));
+      }
+      int accepted = accept4(listener.fd(), nullptr, nullptr, SOCK_CLOEXEC);
+      if (accepted < 0) fail("raw TCP: accept: %s", strerror(errno));
+      pair.receiver = Socket(accepted);
+      configureDataSocket(pair.sender.fd());
+      configureDataSocket(pair.receiver.fd());
     }
-    int accepted = accept4(listener.fd(), nullptr, nullptr, SOCK_CLOEXEC);
-    if (accepted < 0) fail("raw TCP: accept: %s", strerror(errno));
-    pair.receiver = Socket(accepted);
-    configureDataSocket(pair.sender.fd());
-    configureDataSocket(pair.receiver.fd());
-  }
+  };
+  connectPairs(pairs_);
+  connectPairs(backPairs_);
 }
 
 int RawTcpPeer::streamsFor(size_t size) const noexcept {
@@ -126,19 +130,21 @@ void RawTcpPeer::recvAll(int fd, std::byte* data, size_t size, const char* what)
   }
 }
 
-double RawTcpPeer::stream(size_t size, uint64_t count) {
+void RawTcpPeer::addStreamTasks(const std::vector<Pair>& pairs, const HostBuffer& source, HostBuffer& destination,
+                                size_t size, uint64_t count, std::vector<std::unique_ptr<Credit>>* credits,
+                                std::vector<std::function<void()>>* tasks) {
   const int used = streamsFor(size);
-  std::vector<std::unique_ptr<Credit>> credits;
-  std::vector<std::function<void()>> tasks;
   for (int j = 0; j < used; ++j) {
-    credits.push_back(std::make_unique<Credit>());
-    Credit& credit = *credits.back();
+    credits->push_back(std::make_unique<Credit>());
+    Credit& credit = *credits->back();
     const size_t begin = size * static_cast<size_t>(j) / static_cast<size_t>(used);
     const size_t length = size * static_cast<size_t>(j + 1) / static_cast<size_t>(used) - begin;
-    const int senderFd = pairs_[static_cast<size_t>(j)].sender.fd();
-    const int receiverFd = pairs_[static_cast<size_t>(j)].receiver.fd();
+    const int senderFd = pairs[static_cast<size_t>(j)].sender.fd();
+    const int receiverFd = pairs[static_cast<size_t>(j)].receiver.fd();
+    std::byte* from = source.data();
+    std::byte* to = destination.data();
 
-    tasks.emplace_back([=, this, &credit] {
+    tasks->emplace_back([=, this, &credit] {
       for (uint64_t i = 0; i < count; ++i) {
         {
           std::unique_lock lock(credit.mutex);
@@ -147,12 +153,12 @@ double RawTcpPeer::stream(size_t size, uint64_t count) {
             guard_.check([&] { return format("raw TCP sender %d: waiting for window credit", j); });
           }
         }
-        sendAll(senderFd, buffers_.send.data() + buffers_.slotOffset(size, i) + begin, length, "raw TCP sender");
+        sendAll(senderFd, from + buffers_.slotOffset(size, i) + begin, length, "raw TCP sender");
       }
     });
-    tasks.emplace_back([=, this, &credit] {
+    tasks->emplace_back([=, this, &credit] {
       for (uint64_t i = 0; i < count; ++i) {
-        recvAll(receiverFd, buffers_.recv.data() + buffers_.slotOffset(size, i) + begin, length, "raw TCP receiver");
+        recvAll(receiverFd, to + buffers_.slotOffset(size, i) + begin, length, "raw TCP receiver");
         {
           std::lock_guard lock(credit.mutex);
           credit.completed = i + 1;
@@ -161,6 +167,20 @@ double RawTcpPeer::stream(size_t size, uint64_t count) {
       }
     });
   }
+}
+
+double RawTcpPeer::stream(size_t size, uint64_t count) {
+  std::vector<std::unique_ptr<Credit>> credits;
+  std::vector<std::function<void()>> tasks;
+  addStreamTasks(pairs_, buffers_.send, buffers_.recv, size, count, &credits, &tasks);
+  return runTogether(guard_, tasks);
+}
+
+double RawTcpPeer::streamBothWays(size_t size, uint64_t count) {
+  std::vector<std::unique_ptr<Credit>> credits;
+  std::vector<std::function<void()>> tasks;
+  addStreamTasks(pairs_, buffers_.send, buffers_.recv, size, count, &credits, &tasks);
+  addStreamTasks(backPairs_, buffers_.echoSend, buffers_.echoRecv, size, count, &credits, &tasks);
   return runTogether(guard_, tasks);
 }
 

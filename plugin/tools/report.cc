@@ -23,43 +23,85 @@ void printHeader(const RunDescription& run) {
   if (run.baselineIsRaw) {
     printf("streams %d (RAILNET_TCP_STREAMS; raw TCP splits each message over min(%d, size) sockets), window %d, "
            "%.2g s per measurement\n", run.streams, run.streams, run.window, run.seconds);
-    printf("goal: bw ratio >= %.1f at >= %s\n\n", kGoalRatio, sizeText(kGoalFromSize).c_str());
-    printf("%10s | %12s | %12s | %8s | %14s | %10s | %9s\n", "size", "railnet GB/s", "raw TCP GB/s", "bw ratio",
-           "railnet lat us", "raw lat us", "lat ratio");
+    printf("goals: one way, bw ratio >= %.2f at >= %s; both ways at once, >= %.2f at %s and >= %s\n\n", kGoalRatio,
+           sizeText(kGoalFromSize).c_str(), kBothWaysGoalRatio, sizeText(kBothWaysGoalSize).c_str(),
+           sizeText(kGoalFromSize).c_str());
+    printf("one direction:\n");
+    printf("%10s | %12s | %12s | %8s | %14s | %10s | %9s | %13s | %9s\n", "size", "railnet GB/s", "raw TCP GB/s",
+           "bw ratio", "railnet lat us", "raw lat us", "lat ratio", "railnet cpu/GB", "raw cpu/GB");
   } else {
     printf("baseline: railnet device \"%s\", measured in the same run; streams %d per NIC, window %d, %.2g s per "
            "measurement\n\n", run.baseline.c_str(), run.streams, run.window, run.seconds);
-    printf("%10s | %12s | %12s | %8s | %14s | %10s | %9s\n", "size", "device GB/s", "base GB/s", "bw ratio",
-           "device lat us", "base lat us", "lat ratio");
+    printf("one direction:\n");
+    printf("%10s | %12s | %12s | %8s | %14s | %10s | %9s | %13s | %9s\n", "size", "device GB/s", "base GB/s",
+           "bw ratio", "device lat us", "base lat us", "lat ratio", "device cpu/GB", "base cpu/GB");
   }
-  printf("-----------+--------------+--------------+----------+----------------+------------+----------\n");
+  printf("-----------+--------------+--------------+----------+----------------+------------+-----------+----------------"
+         "+-----------\n");
   fflush(stdout);
 }
 
 void printRow(const Row& row) {
-  printf("%10s | %12.4g | %12.4g | %8.2f | %14.1f | %10.1f | %9.2f\n", sizeText(row.size).c_str(), row.railnet.gbps,
-         row.raw.gbps, bwRatio(row), row.railnet.latencyUs, row.raw.latencyUs, latRatio(row));
+  printf("%10s | %12.4g | %12.4g | %8.2f | %14.1f | %10.1f | %9.2f | %14.3f | %9.3f\n", sizeText(row.size).c_str(),
+         row.railnet.gbps, row.raw.gbps, bwRatio(row), row.railnet.latencyUs, row.raw.latencyUs, latRatio(row),
+         row.railnet.cpuPerGB, row.raw.cpuPerGB);
   fflush(stdout);
 }
 
-void printSummary(const std::vector<Row>& rows, bool baselineIsRaw) {
+void printBothWaysHeader(const RunDescription& run) {
+  printf("\nboth directions at once (GB/s per direction; %s streams %d each way):\n",
+         run.baselineIsRaw ? "raw TCP" : run.baseline.c_str(), run.streams);
+  printf("%10s | %12s | %12s | %8s | %14s | %10s\n", "size", run.baselineIsRaw ? "railnet GB/s" : "device GB/s",
+         run.baselineIsRaw ? "raw TCP GB/s" : "base GB/s", "bw ratio", run.baselineIsRaw ? "railnet cpu/GB" : "device cpu/GB",
+         run.baselineIsRaw ? "raw cpu/GB" : "base cpu/GB");
+  printf("-----------+--------------+--------------+----------+----------------+-----------\n");
+  fflush(stdout);
+}
+
+void printBothWaysRow(const Row& row) {
+  printf("%10s | %12.4g | %12.4g | %8.2f | %14.3f | %10.3f\n", sizeText(row.size).c_str(), row.railnet.gbps,
+         row.raw.gbps, bwRatio(row), row.railnet.cpuPerGB, row.raw.cpuPerGB);
+  fflush(stdout);
+}
+
+namespace {
+
+// One table's summary line over the rows `judged` selects.
+void summarize(const char* label, const std::vector<Row>& rows, bool (*judged)(const Row&), const std::string& where,
+               double goal, bool baselineIsRaw) {
   const Row* worst = nullptr;
   std::vector<double> ratios;
   for (const Row& row : rows) {
-    if (row.size < kGoalFromSize) continue;
+    if (!judged(row)) continue;
     ratios.push_back(bwRatio(row));
     if (!worst || bwRatio(row) < bwRatio(*worst)) worst = &row;
   }
   if (!worst) {
-    printf("\nsummary: no size >= %s in this sweep; %s\n", sizeText(kGoalFromSize).c_str(),
+    printf("summary, %s: no size %s in this sweep; %s\n", label, where.c_str(),
            baselineIsRaw ? "goal not evaluated" : "no ratio to summarize");
   } else if (baselineIsRaw) {
-    printf("\nsummary: min bw ratio at >= %s = %.2f (at %s): %s (goal >= %.1f)\n", sizeText(kGoalFromSize).c_str(),
-           bwRatio(*worst), sizeText(worst->size).c_str(), bwRatio(*worst) >= kGoalRatio ? "PASS" : "MISS",
-           kGoalRatio);
+    printf("summary, %s: min bw ratio %s = %.2f (at %s): %s (goal >= %.2f)\n", label, where.c_str(), bwRatio(*worst),
+           sizeText(worst->size).c_str(), bwRatio(*worst) >= goal ? "PASS" : "MISS", goal);
   } else {
-    printf("\nsummary: bw ratio at >= %s: min %.2f (at %s), median %.2f\n", sizeText(kGoalFromSize).c_str(),
-           bwRatio(*worst), sizeText(worst->size).c_str(), median(ratios));
+    printf("summary, %s: bw ratio %s: min %.2f (at %s), median %.2f\n", label, where.c_str(), bwRatio(*worst),
+           sizeText(worst->size).c_str(), median(ratios));
+  }
+}
+
+bool oneWayJudged(const Row& row) { return row.size >= kGoalFromSize; }
+bool bothWaysJudged(const Row& row) { return row.size == kBothWaysGoalSize || row.size >= kGoalFromSize; }
+
+}  // namespace
+
+void printSummary(const std::vector<Row>& oneWay, const std::vector<Row>& bothWays, bool baselineIsRaw) {
+  printf("\n");
+  if (!oneWay.empty()) {
+    summarize("one way", oneWay, oneWayJudged, "at >= " + sizeText(kGoalFromSize), kGoalRatio, baselineIsRaw);
+  }
+  if (!bothWays.empty()) {
+    summarize("both ways", bothWays, bothWaysJudged,
+              "at " + sizeText(kBothWaysGoalSize) + " and >= " + sizeText(kGoalFromSize), kBothWaysGoalRatio,
+              baselineIsRaw);
   }
   fflush(stdout);
 }
@@ -68,16 +110,18 @@ CsvFile::CsvFile(const std::string& path, bool baselineIsRaw) {
   if (path.empty()) return;
   file_.reset(fopen(path.c_str(), "w"));
   if (!file_) fail("cannot write %s: %s", path.c_str(), strerror(errno));
-  fprintf(file_.get(), baselineIsRaw ? "size_bytes,railnet_gbps,raw_tcp_gbps,bw_ratio,railnet_lat_us,raw_lat_us,lat_ratio\n"
-                                     : "size_bytes,railnet_gbps,baseline_gbps,bw_ratio,railnet_lat_us,baseline_lat_us,"
-                                       "lat_ratio\n");
+  fprintf(file_.get(), baselineIsRaw ? "direction,size_bytes,railnet_gbps,raw_tcp_gbps,bw_ratio,railnet_lat_us,raw_lat_us,"
+                                       "lat_ratio,railnet_cpu_s_per_gb,raw_cpu_s_per_gb\n"
+                                     : "direction,size_bytes,railnet_gbps,baseline_gbps,bw_ratio,railnet_lat_us,"
+                                       "baseline_lat_us,lat_ratio,railnet_cpu_s_per_gb,baseline_cpu_s_per_gb\n");
   fflush(file_.get());
 }
 
-void CsvFile::write(const Row& row) {
+void CsvFile::write(const Row& row, const char* direction) {
   if (!file_) return;
-  fprintf(file_.get(), "%zu,%.6g,%.6g,%.4f,%.3f,%.3f,%.4f\n", row.size, row.railnet.gbps, row.raw.gbps, bwRatio(row),
-          row.railnet.latencyUs, row.raw.latencyUs, latRatio(row));
+  fprintf(file_.get(), "%s,%zu,%.6g,%.6g,%.4f,%.3f,%.3f,%.4f,%.4f,%.4f\n", direction, row.size, row.railnet.gbps,
+          row.raw.gbps, bwRatio(row), row.railnet.latencyUs, row.raw.latencyUs, latRatio(row), row.railnet.cpuPerGB,
+          row.raw.cpuPerGB);
   fflush(file_.get());
 }
 
