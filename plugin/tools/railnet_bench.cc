@@ -196,6 +196,7 @@ int run(const Options& options) {
                              streams, options.window, options.seconds};
   description.baseline = options.againstRaw() ? "raw TCP" : options.against;
   description.baselineIsRaw = options.againstRaw();
+  description.oneWayTable = options.oneWay;
   printHeader(description);
 
   try {

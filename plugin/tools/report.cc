@@ -26,12 +26,14 @@ void printHeader(const RunDescription& run) {
     printf("goals: one way, bw ratio >= %.2f at >= %s; both ways at once, >= %.2f at %s and >= %s\n\n", kGoalRatio,
            sizeText(kGoalFromSize).c_str(), kBothWaysGoalRatio, sizeText(kBothWaysGoalSize).c_str(),
            sizeText(kGoalFromSize).c_str());
+    if (!run.oneWayTable) return;
     printf("one direction:\n");
     printf("%10s | %12s | %12s | %8s | %14s | %10s | %9s | %13s | %9s\n", "size", "railnet GB/s", "raw TCP GB/s",
            "bw ratio", "railnet lat us", "raw lat us", "lat ratio", "railnet cpu/GB", "raw cpu/GB");
   } else {
     printf("baseline: railnet device \"%s\", measured in the same run; streams %d per NIC, window %d, %.2g s per "
            "measurement\n\n", run.baseline.c_str(), run.streams, run.window, run.seconds);
+    if (!run.oneWayTable) return;
     printf("one direction:\n");
     printf("%10s | %12s | %12s | %8s | %14s | %10s | %9s | %13s | %9s\n", "size", "device GB/s", "base GB/s",
            "bw ratio", "device lat us", "base lat us", "lat ratio", "device cpu/GB", "base cpu/GB");

@@ -45,6 +45,7 @@ struct RunDescription {
   double seconds;
   std::string baseline = "raw TCP";  // the second column's peer: "raw TCP" or a railnet device name
   bool baselineIsRaw = true;         // the goal (vs raw TCP) is judged only then
+  bool oneWayTable = true;           // the one-way table follows the header (not with --bidir)
 };
 
 void printHeader(const RunDescription& run);
