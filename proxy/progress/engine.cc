@@ -49,6 +49,10 @@ class Worker {
   // Valid once the worker has stopped (the destructor joined it).
   uint64_t bytesMoved() const { return bytesMoved_; }
   double cpuSeconds() const { return cpuSeconds_; }
+  // Telemetry, valid once stopped: passes over the sources, passes that moved nothing, and sleeps in epoll_wait.
+  uint64_t passes() const { return passes_; }
+  uint64_t idlePasses() const { return idlePasses_; }
+  uint64_t sleeps() const { return sleeps_; }
 
  private:
   void run();
@@ -74,6 +78,9 @@ class Worker {
 
   std::vector<EventSource*> sources_;  // worker thread only
   uint64_t bytesMoved_ = 0;       // worker thread only until joined
+  uint64_t passes_ = 0;           // likewise
+  uint64_t idlePasses_ = 0;       // likewise
+  uint64_t sleeps_ = 0;           // likewise
   double cpuSeconds_ = 0;         // written by the worker as it exits
 };
 
@@ -184,6 +191,8 @@ void Worker::run() {
     uint64_t moved = 0;
     for (EventSource* source : sources_) moved += source->progress();
     bytesMoved_ += moved;
+    ++passes_;
+    if (moved == 0) ++idlePasses_;
     auto now = std::chrono::steady_clock::now();
     if (moved > 0) {
       lastWork = now;
@@ -200,7 +209,10 @@ void Worker::run() {
       pending = !toAdd_.empty() || !toRemove_.empty();
     }
     pending = pending || submissions_.load(std::memory_order_seq_cst) != seen;
-    if (!pending) waitForEvents(1000);
+    if (!pending) {
+      ++sleeps_;
+      waitForEvents(1000);
+    }
     sleeping_.store(false, std::memory_order_seq_cst);
     lastWork = std::chrono::steady_clock::now();
   }
@@ -241,11 +253,21 @@ Engine::Engine() {
 Engine::~Engine() {
   uint64_t bytes = 0;
   double cpu = 0;
+  uint64_t passes = 0;
+  uint64_t idle = 0;
+  uint64_t sleeps = 0;
   for (auto& worker : workers_) {
     worker->stop();
     bytes += worker->bytesMoved();
     cpu += worker->cpuSeconds();
+    passes += worker->passes();
+    idle += worker->idlePasses();
+    sleeps += worker->sleeps();
   }
+  // How often the helpers went round and slept: the hand-offs behind each message (docs/performance.md §7).
+  RN_INFO(NCCL_NET, "NET/railnet: TCP helper threads: %llu passes (%llu moved nothing), %llu sleeps in epoll_wait",
+          static_cast<unsigned long long>(passes), static_cast<unsigned long long>(idle),
+          static_cast<unsigned long long>(sleeps));
   // The helpers' cost, for the benchmarks' "CPU time per GB" (NCCL's own proxy threads not included).
   double gigabytes = static_cast<double>(bytes) * 1e-9;
   RN_INFO(NCCL_NET, "NET/railnet: TCP helper threads moved %.3f GB using %.3f s of CPU (%.3f s/GB)", gigabytes, cpu,

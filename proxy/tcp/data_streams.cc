@@ -1,6 +1,15 @@
 #include "proxy/tcp/data_streams.h"
 
+#include <atomic>
+
+#include "railnet/log.h"
+
 namespace railnet::tcp {
+namespace {
+// Started sets of streams in the process: the helper telemetry is logged when the last one stops, which is when
+// the helper pool stops and logs its own.
+std::atomic<int> gStarted{0};
+}  // namespace
 
 void DataStreams::setCounters(const NicLayout& layout) {
   counters_.clear();
@@ -11,6 +20,7 @@ void DataStreams::setCounters(const NicLayout& layout) {
 void DataStreams::start(StreamOwner* owner) {
   started_ = true;
   if (pending_.empty()) return;
+  gStarted.fetch_add(1, std::memory_order_relaxed);
   engine_ = progress::Engine::acquire();
   for (size_t i = 0; i < pending_.size(); ++i) {
     NicCounters* counters = i < counters_.size() ? counters_[i] : nullptr;
@@ -23,9 +33,13 @@ void DataStreams::start(StreamOwner* owner) {
 void DataStreams::stop() {
   if (!started_) return;
   started_ = false;
+  if (streams_.empty()) return;
   for (auto& stream : streams_) engine_->detach(stream.get());
   streams_.clear();
   engine_.reset();
+  if (gStarted.fetch_sub(1, std::memory_order_acq_rel) == 1) {
+    RN_INFO(NCCL_NET, "NET/railnet: TCP data streams: %s", streamTelemetryLine().c_str());
+  }
 }
 
 }  // namespace railnet::tcp

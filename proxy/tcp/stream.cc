@@ -3,10 +3,36 @@
 #include <sys/uio.h>
 
 #include <algorithm>
+#include <cstdio>
 
 #include "railnet/error.h"
 
 namespace railnet::tcp {
+
+namespace {
+StreamTelemetry gTelemetry;
+void tally(std::atomic<uint64_t>& counter) { counter.fetch_add(1, std::memory_order_relaxed); }
+}  // namespace
+
+StreamTelemetry& streamTelemetry() { return gTelemetry; }
+
+std::string streamTelemetryLine() {
+  auto get = [](const std::atomic<uint64_t>& counter) { return counter.load(std::memory_order_relaxed); };
+  const uint64_t sent = get(gTelemetry.chunksSent);
+  const uint64_t received = get(gTelemetry.chunksReceived);
+  auto per = [](uint64_t calls, uint64_t chunks) { return chunks > 0 ? static_cast<double>(calls) / chunks : 0.0; };
+  char line[512];
+  snprintf(line, sizeof(line),
+           "%llu chunks sent with %llu sendmsg (%.2f per chunk) and %llu full-socket EAGAINs (%.2f per chunk); "
+           "%llu received with %llu recv (%.2f per chunk) and %llu empty-socket EAGAINs (%.2f per chunk)",
+           static_cast<unsigned long long>(sent), static_cast<unsigned long long>(get(gTelemetry.sendCalls)),
+           per(get(gTelemetry.sendCalls), sent), static_cast<unsigned long long>(get(gTelemetry.sendWouldBlock)),
+           per(get(gTelemetry.sendWouldBlock), sent), static_cast<unsigned long long>(received),
+           static_cast<unsigned long long>(get(gTelemetry.recvCalls)), per(get(gTelemetry.recvCalls), received),
+           static_cast<unsigned long long>(get(gTelemetry.recvWouldBlock)),
+           per(get(gTelemetry.recvWouldBlock), received));
+  return line;
+}
 
 using protocol::kEndOfStream;
 using protocol::readSome;
@@ -68,6 +94,7 @@ uint64_t Stream::progressSend() {
       done = 0;
     }
     ssize_t sent = writeVector(fd_.get(), iov, count);
+    tally(sent == 0 ? gTelemetry.sendWouldBlock : gTelemetry.sendCalls);
     if (sent == 0) {
       writable_ = false;
       break;
@@ -87,6 +114,7 @@ uint64_t Stream::progressSend() {
       queuedBytes_.fetch_sub(front.header.length, std::memory_order_relaxed);
       if (counters_ != nullptr) counters_->addSent(front.header.length);
       front.pending->fetch_sub(1, std::memory_order_release);
+      tally(gTelemetry.chunksSent);
       sending_.pop_front();
       sentOfFront_ = 0;
     }
@@ -104,6 +132,7 @@ uint64_t Stream::progressReceive() {
     } else {
       got = readSome(fd_.get(), destination_ + (incoming_.length - payloadLeft_), payloadLeft_);
     }
+    tally(got == 0 ? gTelemetry.recvWouldBlock : gTelemetry.recvCalls);
     if (got == 0) {
       readable_ = false;
       break;
@@ -130,11 +159,15 @@ uint64_t Stream::progressReceive() {
       payloadLeft_ = incoming_.length;
       inPayload_ = payloadLeft_ > 0;
       if (counters_ != nullptr) counters_->addReceived(incoming_.length);
-      if (!inPayload_) owner_->chunkReceived(incoming_);
+      if (!inPayload_) {
+        tally(gTelemetry.chunksReceived);
+        owner_->chunkReceived(incoming_);
+      }
     } else {
       payloadLeft_ -= static_cast<uint64_t>(got);
       if (payloadLeft_ == 0) {
         inPayload_ = false;
+        tally(gTelemetry.chunksReceived);
         owner_->chunkReceived(incoming_);
       }
     }

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <deque>
 #include <mutex>
+#include <string>
 
 #include "proxy/nic_counters.h"
 #include "proxy/progress/engine.h"
@@ -39,6 +40,19 @@ struct SendOp {
   const char* data;
   std::atomic<int>* pending;  // the request's chunks left; decremented once this chunk is in the kernel
 };
+
+// Process-wide counts of what the data streams did, for the helper telemetry logged when the pool stops.
+struct StreamTelemetry {
+  std::atomic<uint64_t> chunksSent{0};
+  std::atomic<uint64_t> chunksReceived{0};
+  std::atomic<uint64_t> sendCalls{0};       // sendmsg() calls that wrote something
+  std::atomic<uint64_t> sendWouldBlock{0};  // ... that found the socket full (EAGAIN)
+  std::atomic<uint64_t> recvCalls{0};       // recv() calls that read something
+  std::atomic<uint64_t> recvWouldBlock{0};  // ... that found nothing (EAGAIN)
+};
+StreamTelemetry& streamTelemetry();
+// One line for the log: the counts and what they come to per chunk.
+std::string streamTelemetryLine();
 
 class Stream final : public progress::EventSource {
  public:
