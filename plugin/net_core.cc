@@ -1,7 +1,6 @@
 #include "plugin/net_core.h"
 
 #include <algorithm>
-#include <atomic>
 #include <mutex>
 #include <string>
 #include <unordered_set>
@@ -30,7 +29,6 @@ struct PluginState {
   std::unique_ptr<Transport> transport;  // guarded by mutex until set, then read-only
   int abiVersion = 0;
   int contexts = 0;
-  std::atomic<int> openComms{0};  // send and receive comms not yet closed
 };
 
 PluginState& state() {
@@ -93,15 +91,6 @@ std::unique_ptr<Transport> chooseTransport() {
   return tcp::createTcpTransport();
 }
 
-void commOpened() { state().openComms.fetch_add(1, std::memory_order_relaxed); }
-
-// Per-NIC traffic since the process started (payload bytes; docs/fusion.md), one line per NIC that carried any,
-// whenever the last open comm closes (end of a job, or of a communicator).
-void commClosed() {
-  if (state().openComms.fetch_sub(1, std::memory_order_acq_rel) != 1) return;
-  for (const std::string& line : nicCounterLines()) RN_INFO(NCCL_NET, "NET/railnet: NIC %s", line.c_str());
-}
-
 using Kind = AbiObject::Kind;
 
 // The comms and listen comms railnet has handed to NCCL and not yet closed (docs/decisions.md D60). Every entry
@@ -111,26 +100,31 @@ using Kind = AbiObject::Kind;
 class LiveComms {
  public:
   // Call before handing `object` to NCCL (may throw std::bad_alloc: the caller still owns it then).
-  void add(const AbiObject* object) {
+  void add(const AbiObject* object, Kind kind) {
     std::lock_guard<std::mutex> lock(mutex_);
     live_.insert(object);
+    if (kind != Kind::ListenComm) ++openComms_;
   }
   bool contains(const void* handle) {
     std::lock_guard<std::mutex> lock(mutex_);
     return live_.count(handle) != 0;
   }
-  // Removes `handle` when it is live and of `kind`, so only one of two racing closes deletes it.
-  bool take(const void* handle, Kind kind) {
+  // Removes `handle` when it is live and of `kind`, so only one of two racing closes deletes it. *lastComm: it
+  // was the last send or receive comm still open.
+  bool take(const void* handle, Kind kind, bool* lastComm) {
     std::lock_guard<std::mutex> lock(mutex_);
     auto found = live_.find(handle);
     if (found == live_.end() || !AbiObject::holds(handle, kind)) return false;
     live_.erase(found);
+    *lastComm = false;
+    if (kind != Kind::ListenComm) *lastComm = --openComms_ == 0;
     return true;
   }
 
  private:
   std::mutex mutex_;
   std::unordered_set<const void*> live_;
+  size_t openComms_ = 0;  // send and receive comms in live_
 };
 
 LiveComms& liveComms() {
@@ -196,18 +190,24 @@ MemoryRegion** regionsOf(const char* entryPoint, int n, void** mhandles, MemoryR
 
 // Hands a new comm to NCCL: registered as live first, so a failure to register still closes it.
 template <class Object>
-void* handOut(std::unique_ptr<Object> object) {
-  liveComms().add(object.get());
+void* handOut(std::unique_ptr<Object> object, Kind kind) {
+  liveComms().add(object.get(), kind);
   return static_cast<AbiObject*>(object.release());
 }
 
 // Closes a live comm of `kind`: taken out of the live set, then destroyed. A handle of another kind, or one
-// that is not live, is refused untouched (and a comm of another kind stays usable).
+// that is not live, is refused untouched (and a comm of another kind stays usable). When the last send or
+// receive comm closes (end of a job, or of a communicator), logs the per-NIC traffic since the process started
+// (payload bytes; docs/fusion.md), one line per NIC that carried any.
 template <class Object>
 void closeComm(const char* entryPoint, void* handle, Kind kind) {
   if (handle == nullptr) fail(ncclInvalidUsage, "NET/railnet: %s: NULL %s", entryPoint, AbiObject::kindName(kind));
-  if (!liveComms().take(handle, kind)) refuse(entryPoint, handle, kind, liveComms().contains(handle));
+  bool lastComm = false;
+  if (!liveComms().take(handle, kind, &lastComm)) refuse(entryPoint, handle, kind, liveComms().contains(handle));
   delete static_cast<Object*>(static_cast<AbiObject*>(handle));
+  if (lastComm) {
+    for (const std::string& line : nicCounterLines()) RN_INFO(NCCL_NET, "NET/railnet: NIC %s", line.c_str());
+  }
 }
 
 }  // namespace
@@ -270,7 +270,7 @@ ncclResult_t deviceInfo(int dev, const DeviceInfo** info) {
 ncclResult_t listen(int dev, void* handle, void** listenComm) {
   return guarded("listen", [&] {
     if (handle == nullptr || listenComm == nullptr) fail(ncclInvalidUsage, "NET/railnet: listen with NULL arguments");
-    *listenComm = handOut(transport().listen(dev, handle));
+    *listenComm = handOut(transport().listen(dev, handle), Kind::ListenComm);
     return ncclSuccess;
   });
 }
@@ -281,10 +281,7 @@ ncclResult_t connect(int dev, void* handle, void** sendComm, ncclNetDeviceHandle
     *sendComm = nullptr;
     std::unique_ptr<SendComm> comm;
     transport().connect(dev, handle, &comm);
-    if (comm) {
-      commOpened();
-      *sendComm = handOut(std::move(comm));
-    }
+    if (comm) *sendComm = handOut(std::move(comm), Kind::SendComm);
     return ncclSuccess;
   });
 }
@@ -295,10 +292,7 @@ ncclResult_t accept(void* listenComm, void** recvComm, ncclNetDeviceHandle_v8_t*
     *recvComm = nullptr;
     std::unique_ptr<RecvComm> comm;
     static_cast<ListenComm*>(checkedComm("accept", listenComm, Kind::ListenComm, Kind::ListenComm))->accept(&comm);
-    if (comm) {
-      commOpened();
-      *recvComm = handOut(std::move(comm));
-    }
+    if (comm) *recvComm = handOut(std::move(comm), Kind::RecvComm);
     return ncclSuccess;
   });
 }
@@ -376,7 +370,6 @@ ncclResult_t test(void* request, int* done, int* sizes) {
 ncclResult_t closeSend(void* sendComm) {
   return guarded("closeSend", [&] {
     closeComm<SendComm>("closeSend", sendComm, Kind::SendComm);
-    commClosed();
     return ncclSuccess;
   });
 }
@@ -384,7 +377,6 @@ ncclResult_t closeSend(void* sendComm) {
 ncclResult_t closeRecv(void* recvComm) {
   return guarded("closeRecv", [&] {
     closeComm<RecvComm>("closeRecv", recvComm, Kind::RecvComm);
-    commClosed();
     return ncclSuccess;
   });
 }

@@ -199,34 +199,32 @@ int run(const Options& options) {
   description.oneWayTable = options.oneWay;
   printHeader(description);
 
+  // One table: for each size, railnet then the baseline, each measured by `measurePeer`; rows printed as they come.
+  using MeasureFn = PeerResult (*)(Peer&, size_t, const Options&, BenchBuffers&, StallGuard&,
+                                   const std::function<void(const std::string&)>&);
+  auto table = [&](const std::vector<size_t>& points, MeasureFn measurePeer, void (*print)(const Row&),
+                   const char* direction) {
+    std::vector<Row> rows;
+    Progress progress;
+    for (size_t i = 0; i < points.size(); ++i) {
+      auto announce = [&](const std::string& what) { progress.show(i, points.size(), points[i], what); };
+      Row row{points[i], measurePeer(railnet, points[i], options, buffers, guard, announce),
+              measurePeer(*baseline, points[i], options, buffers, guard, announce)};
+      progress.finish();
+      print(row);
+      csv.write(row, direction);
+      rows.push_back(row);
+    }
+    return rows;
+  };
+
   try {
     std::vector<Row> rows;
-    if (options.oneWay) {
-      Progress progress;
-      for (size_t i = 0; i < sizes.size(); ++i) {
-        auto announce = [&](const std::string& what) { progress.show(i, sizes.size(), sizes[i], what); };
-        Row row{sizes[i], measure(railnet, sizes[i], options, buffers, guard, announce),
-                measure(*baseline, sizes[i], options, buffers, guard, announce)};
-        progress.finish();
-        printRow(row);
-        csv.write(row, "one-way");
-        rows.push_back(row);
-      }
-    }
+    if (options.oneWay) rows = table(sizes, measure, printRow, "one-way");
     std::vector<Row> bothWaysRows;
     if (options.bothWays) {
-      const std::vector<size_t> both = bothWaysSizes(options);
       printBothWaysHeader(description);
-      Progress progress;
-      for (size_t i = 0; i < both.size(); ++i) {
-        auto announce = [&](const std::string& what) { progress.show(i, both.size(), both[i], what); };
-        Row row{both[i], measureBothWays(railnet, both[i], options, buffers, guard, announce),
-                measureBothWays(*baseline, both[i], options, buffers, guard, announce)};
-        progress.finish();
-        printBothWaysRow(row);
-        csv.write(row, "both-ways");
-        bothWaysRows.push_back(row);
-      }
+      bothWaysRows = table(bothWaysSizes(options), measureBothWays, printBothWaysRow, "both-ways");
     }
     printSummary(rows, bothWaysRows, options.againstRaw());
     baseline.reset();

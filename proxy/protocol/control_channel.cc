@@ -109,13 +109,15 @@ void ControlChannel::recordFailure(const std::string& why, FailureKind kind) {
 }
 
 ncclResult_t ControlChannel::reportFailure() {
+  std::string why;
   FailureKind kind;
   {
     std::lock_guard<std::mutex> lock(failureMutex_);
+    why = failure_;
     kind = failureKind_;
   }
   if (!reported_.exchange(true)) {
-    RN_WARN("NET/railnet: %s connection with %s failed: %s", direction_, peerName_.c_str(), failure().c_str());
+    RN_WARN("NET/railnet: %s connection with %s failed: %s", direction_, peerName_.c_str(), why.c_str());
   }
   return kind == FailureKind::kRemote ? ncclRemoteError : ncclSystemError;
 }

@@ -34,7 +34,10 @@ void DataStreams::stop() {
   if (!started_) return;
   started_ = false;
   if (streams_.empty()) return;
-  for (auto& stream : streams_) engine_->detach(stream.get());
+  for (auto& stream : streams_) {
+    engine_->detach(stream.get());
+    stream->foldTelemetry();
+  }
   streams_.clear();
   engine_.reset();
   if (gStarted.fetch_sub(1, std::memory_order_acq_rel) == 1) {

@@ -10,27 +10,35 @@
 namespace railnet::tcp {
 
 namespace {
-StreamTelemetry gTelemetry;
-void tally(std::atomic<uint64_t>& counter) { counter.fetch_add(1, std::memory_order_relaxed); }
+std::mutex gTotalsMutex;
+StreamTelemetry gTotals;  // guarded by gTotalsMutex
 }  // namespace
 
-StreamTelemetry& streamTelemetry() { return gTelemetry; }
+void Stream::foldTelemetry() const {
+  std::lock_guard<std::mutex> lock(gTotalsMutex);
+  gTotals.chunksSent += telemetry_.chunksSent;
+  gTotals.chunksReceived += telemetry_.chunksReceived;
+  gTotals.sendCalls += telemetry_.sendCalls;
+  gTotals.sendWouldBlock += telemetry_.sendWouldBlock;
+  gTotals.recvCalls += telemetry_.recvCalls;
+  gTotals.recvWouldBlock += telemetry_.recvWouldBlock;
+}
 
 std::string streamTelemetryLine() {
-  auto get = [](const std::atomic<uint64_t>& counter) { return counter.load(std::memory_order_relaxed); };
-  const uint64_t sent = get(gTelemetry.chunksSent);
-  const uint64_t received = get(gTelemetry.chunksReceived);
+  StreamTelemetry t;
+  {
+    std::lock_guard<std::mutex> lock(gTotalsMutex);
+    t = gTotals;
+  }
   auto per = [](uint64_t calls, uint64_t chunks) { return chunks > 0 ? static_cast<double>(calls) / chunks : 0.0; };
+  auto n = [](uint64_t value) { return static_cast<unsigned long long>(value); };
   char line[512];
   snprintf(line, sizeof(line),
            "%llu chunks sent with %llu sendmsg (%.2f per chunk) and %llu full-socket EAGAINs (%.2f per chunk); "
            "%llu received with %llu recv (%.2f per chunk) and %llu empty-socket EAGAINs (%.2f per chunk)",
-           static_cast<unsigned long long>(sent), static_cast<unsigned long long>(get(gTelemetry.sendCalls)),
-           per(get(gTelemetry.sendCalls), sent), static_cast<unsigned long long>(get(gTelemetry.sendWouldBlock)),
-           per(get(gTelemetry.sendWouldBlock), sent), static_cast<unsigned long long>(received),
-           static_cast<unsigned long long>(get(gTelemetry.recvCalls)), per(get(gTelemetry.recvCalls), received),
-           static_cast<unsigned long long>(get(gTelemetry.recvWouldBlock)),
-           per(get(gTelemetry.recvWouldBlock), received));
+           n(t.chunksSent), n(t.sendCalls), per(t.sendCalls, t.chunksSent), n(t.sendWouldBlock),
+           per(t.sendWouldBlock, t.chunksSent), n(t.chunksReceived), n(t.recvCalls),
+           per(t.recvCalls, t.chunksReceived), n(t.recvWouldBlock), per(t.recvWouldBlock, t.chunksReceived));
   return line;
 }
 
@@ -94,7 +102,7 @@ uint64_t Stream::progressSend() {
       done = 0;
     }
     ssize_t sent = writeVector(fd_.get(), iov, count);
-    tally(sent == 0 ? gTelemetry.sendWouldBlock : gTelemetry.sendCalls);
+    ++(sent == 0 ? telemetry_.sendWouldBlock : telemetry_.sendCalls);
     if (sent == 0) {
       writable_ = false;
       break;
@@ -114,7 +122,7 @@ uint64_t Stream::progressSend() {
       queuedBytes_.fetch_sub(front.header.length, std::memory_order_relaxed);
       if (counters_ != nullptr) counters_->addSent(front.header.length);
       front.pending->fetch_sub(1, std::memory_order_release);
-      tally(gTelemetry.chunksSent);
+      ++telemetry_.chunksSent;
       sending_.pop_front();
       sentOfFront_ = 0;
     }
@@ -132,7 +140,7 @@ uint64_t Stream::progressReceive() {
     } else {
       got = readSome(fd_.get(), destination_ + (incoming_.length - payloadLeft_), payloadLeft_);
     }
-    tally(got == 0 ? gTelemetry.recvWouldBlock : gTelemetry.recvCalls);
+    ++(got == 0 ? telemetry_.recvWouldBlock : telemetry_.recvCalls);
     if (got == 0) {
       readable_ = false;
       break;
@@ -160,14 +168,14 @@ uint64_t Stream::progressReceive() {
       inPayload_ = payloadLeft_ > 0;
       if (counters_ != nullptr) counters_->addReceived(incoming_.length);
       if (!inPayload_) {
-        tally(gTelemetry.chunksReceived);
+        ++telemetry_.chunksReceived;
         owner_->chunkReceived(incoming_);
       }
     } else {
       payloadLeft_ -= static_cast<uint64_t>(got);
       if (payloadLeft_ == 0) {
         inPayload_ = false;
-        tally(gTelemetry.chunksReceived);
+        ++telemetry_.chunksReceived;
         owner_->chunkReceived(incoming_);
       }
     }

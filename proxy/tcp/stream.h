@@ -41,17 +41,17 @@ struct SendOp {
   std::atomic<int>* pending;  // the request's chunks left; decremented once this chunk is in the kernel
 };
 
-// Process-wide counts of what the data streams did, for the helper telemetry logged when the pool stops.
+// What a data stream's helper did: counted in plain fields by that helper alone (no shared cache line on the
+// data path) and added to the process-wide totals when the stream is detached (foldTelemetry).
 struct StreamTelemetry {
-  std::atomic<uint64_t> chunksSent{0};
-  std::atomic<uint64_t> chunksReceived{0};
-  std::atomic<uint64_t> sendCalls{0};       // sendmsg() calls that wrote something
-  std::atomic<uint64_t> sendWouldBlock{0};  // ... that found the socket full (EAGAIN)
-  std::atomic<uint64_t> recvCalls{0};       // recv() calls that read something
-  std::atomic<uint64_t> recvWouldBlock{0};  // ... that found nothing (EAGAIN)
+  uint64_t chunksSent = 0;
+  uint64_t chunksReceived = 0;
+  uint64_t sendCalls = 0;       // sendmsg() calls that wrote something
+  uint64_t sendWouldBlock = 0;  // ... that found the socket full (EAGAIN)
+  uint64_t recvCalls = 0;       // recv() calls that read something
+  uint64_t recvWouldBlock = 0;  // ... that found nothing (EAGAIN)
 };
-StreamTelemetry& streamTelemetry();
-// One line for the log: the counts and what they come to per chunk.
+// One line for the log: the process's totals so far and what they come to per chunk.
 std::string streamTelemetryLine();
 
 class Stream final : public progress::EventSource {
@@ -64,6 +64,9 @@ class Stream final : public progress::EventSource {
   uint64_t queuedBytes() const { return queuedBytes_.load(std::memory_order_relaxed); }
   // Sender side, any thread: queue a chunk and wake the helper.
   void enqueue(const SendOp& op);
+
+  // Adds this stream's counts to the process-wide totals; call once no helper touches the stream (detached).
+  void foldTelemetry() const;
 
   // progress::EventSource, helper thread only.
   uint64_t progress() noexcept override;
@@ -94,6 +97,7 @@ class Stream final : public progress::EventSource {
   bool inPayload_ = false;
   bool readable_ = true;
   bool writable_ = true;
+  StreamTelemetry telemetry_;
   std::atomic<bool> dead_{false};
 };
 
