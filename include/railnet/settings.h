@@ -44,7 +44,7 @@ inline constexpr int64_t kSizeMax = INT64_MAX;
   X(Int, tcpStreams, "RAILNET_TCP_STREAMS", 8, (1, 64) /* proxy/tcp/wire.h kMaxStreams */,                       \
     "Data streams (TCP connections) per railnet connection; large messages are split across them.")              \
   X(Int, tcpThreads, "RAILNET_TCP_THREADS", 0, (0, 64),                                                          \
-    "Helper threads in the process-wide pool that moves data-stream bytes; 0 picks min(streams, cores, 16).")    \
+    "Helper threads in the process-wide pool that moves data-stream bytes; 0 picks min(2 x streams, cores, 16).")    \
   X(Int, tcpInlineBytes, "RAILNET_TCP_INLINE_BYTES", 65536, (0, kSizeMax),                                       \
     "Messages up to this size travel inline on the control connection, sent by the calling thread.")             \
   X(Int, tcpMinChunkBytes, "RAILNET_TCP_MIN_CHUNK_BYTES", 65536, (4096, kSizeMax),                               \
@@ -52,6 +52,9 @@ inline constexpr int64_t kSizeMax = INT64_MAX;
   X(Int, tcpSpinUs, "RAILNET_TCP_SPIN_US", 0, (0, 1000000),                                                      \
     "How long a helper thread busy-polls its sockets before it sleeps in epoll_wait. 0 (sleep at once) moved "  \
     "as many bytes for a third less CPU in the measurements (docs/performance.md).")                             \
+  X(Int, tcpPassBytes, "RAILNET_TCP_PASS_BYTES", 524288, (0, kSizeMax),                                         \
+    "Most bytes a helper thread writes or reads on one socket before it turns to its next one (so bytes it "    \
+    "writes are read back while still in its cache, and no socket starves the others); 0: until it blocks.")     \
   X(Int, tcpSocketBufferBytes, "RAILNET_TCP_SOCKET_BUFFER_BYTES", 0, (0, kIntMax),                               \
     "SO_SNDBUF/SO_RCVBUF for data streams; 0 keeps the kernel's auto-tuning.")                                   \
   X(Int, tcpNotSentLowat, "RAILNET_TCP_NOTSENT_LOWAT", 0, (0, kIntMax),                                          \

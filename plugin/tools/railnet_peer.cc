@@ -197,48 +197,90 @@ void RailnetPeer::shutdown() {
   NetPlugin::check(net_.finalize(ctx_), "finalize");
 }
 
-template <class Post>
-void RailnetPeer::pipeline(const char* side, size_t size, uint64_t count, bool exactSize, Post&& post) {
-  std::vector<void*> inFlight(static_cast<size_t>(window_));
-  uint64_t posted = 0;
-  uint64_t completed = 0;
-  while (completed < count) {
+// Posts `count` requests with at most `window` in flight and tests them oldest first. `post(i, &request)` posts
+// message i; a NULL request means "retry later".
+class RailnetPeer::Pipeline {
+ public:
+  using Post = std::function<ncclResult_t(uint64_t, void**)>;
+  Pipeline(const NetPlugin& net, std::string side, size_t size, uint64_t count, bool exactSize, int window, Post post)
+      : net_(net), side_(std::move(side)), size_(size), count_(count), exactSize_(exactSize),
+        inFlight_(static_cast<size_t>(window)), post_(std::move(post)) {}
+
+  bool done() const { return completed_ == count_; }
+
+  // Posts one message if the window allows and tests the oldest; true if either moved.
+  bool step() {
     bool moved = false;
-    if (posted < count && posted - completed < static_cast<uint64_t>(window_)) {
+    if (canPost()) {
       void* request = nullptr;
-      NetPlugin::check(post(posted, &request), side);
+      NetPlugin::check(post_(posted_, &request), side_.c_str());
       if (request != nullptr) {
-        inFlight[posted % inFlight.size()] = request;
-        ++posted;
+        inFlight_[posted_ % inFlight_.size()] = request;
+        ++posted_;
         moved = true;
       }
     }
-    if (completed < posted) {
-      int done = 0;
+    if (completed_ < posted_) {
+      int finished = 0;
       int received = -1;
-      NetPlugin::check(net_.test(inFlight[completed % inFlight.size()], &done, &received), "test");
-      if (done) {
-        if (exactSize && static_cast<size_t>(received) != size) {
-          fail("%s: message %llu completed with %d bytes, expected %zu", side,
-               static_cast<unsigned long long>(completed), received, size);
+      NetPlugin::check(net_.test(inFlight_[completed_ % inFlight_.size()], &finished, &received), "test");
+      if (finished) {
+        if (exactSize_ && static_cast<size_t>(received) != size_) {
+          fail("%s: message %llu completed with %d bytes, expected %zu", side_.c_str(),
+               static_cast<unsigned long long>(completed_), received, size_);
         }
-        ++completed;
+        ++completed_;
         moved = true;
       }
     }
+    return moved;
+  }
+
+  std::string state() const {
+    const char* reason = !canPost()               ? "test() never reports the oldest request done"
+                         : completed_ < posted_ ? "posting returns a NULL request, test() not done"
+                                                : "posting keeps returning a NULL request";
+    return format("%s: %llu of %llu posted, %llu completed; %s", side_.c_str(),
+                  static_cast<unsigned long long>(posted_), static_cast<unsigned long long>(count_),
+                  static_cast<unsigned long long>(completed_), reason);
+  }
+
+ private:
+  bool canPost() const { return posted_ < count_ && posted_ - completed_ < inFlight_.size(); }
+
+  const NetPlugin& net_;
+  const std::string side_;
+  const size_t size_;
+  const uint64_t count_;
+  const bool exactSize_;
+  std::vector<void*> inFlight_;
+  Post post_;
+  uint64_t posted_ = 0;
+  uint64_t completed_ = 0;
+};
+
+void RailnetPeer::runRank(const std::vector<Pipeline*>& pipelines) {
+  for (;;) {
+    bool moved = false;
+    bool allDone = true;
+    for (Pipeline* pipeline : pipelines) {
+      if (pipeline->done()) continue;
+      allDone = false;
+      moved = pipeline->step() || moved;
+    }
+    if (allDone) return;
     if (moved) {
       guard_.progressed();
-    } else {
-      guard_.check([&] {
-        bool canPost = posted < count && posted - completed < static_cast<uint64_t>(window_);
-        const char* reason = !canPost            ? "test() never reports the oldest request done"
-                             : completed < posted ? "posting returns a NULL request, test() not done"
-                                                  : "posting keeps returning a NULL request";
-        return format("%s: %llu of %llu posted, %llu completed; %s", side, static_cast<unsigned long long>(posted),
-                      static_cast<unsigned long long>(count), static_cast<unsigned long long>(completed), reason);
-      });
-      sched_yield();  // leave the core to the plugin's threads, as NCCL's idle proxy does
+      continue;
     }
+    guard_.check([&] {
+      std::string states;
+      for (const Pipeline* pipeline : pipelines) {
+        if (!pipeline->done()) states += (states.empty() ? "" : "; ") + pipeline->state();
+      }
+      return states;
+    });
+    sched_yield();  // leave the core to the plugin's threads, as NCCL's idle proxy does
   }
 }
 
@@ -273,37 +315,35 @@ void RailnetPeer::waitDone(void* request, const char* what, size_t size, bool ex
   }
 }
 
-std::vector<std::function<void()>> RailnetPeer::streamTasks(Link& link, const HostBuffer& source,
-                                                             HostBuffer& destination, size_t size, uint64_t count,
-                                                             const char* direction) {
-  const std::string senderSide = std::string(direction) + " sender isend";
-  const std::string receiverSide = std::string(direction) + " receiver irecv";
-  auto sender = [&link, &source, size, count, senderSide, this] {
-    pipeline(senderSide.c_str(), size, count, false, [&](uint64_t i, void** request) {
-      return net_.isend(link.sendComm, source.data() + buffers_.slotOffset(size, i), size,
-                        kTag, link.sendMr, request);
-    });
-  };
-  auto receiver = [&link, &destination, size, count, receiverSide, this] {
-    pipeline(receiverSide.c_str(), size, count, true, [&](uint64_t i, void** request) {
-      return net_.irecv(link.recvComm, destination.data() + buffers_.slotOffset(size, i), size, kTag, link.recvMr,
-                        request);
-    });
-  };
-  return {sender, receiver};
+std::pair<std::unique_ptr<RailnetPeer::Pipeline>, std::unique_ptr<RailnetPeer::Pipeline>>
+RailnetPeer::streamPipelines(Link& link, const HostBuffer& source, HostBuffer& destination, size_t size,
+                             uint64_t count, const char* direction) {
+  auto sender = std::make_unique<Pipeline>(
+      net_, std::string(direction) + " sender isend", size, count, false, window_, [&, size](uint64_t i, void** request) {
+        return net_.isend(link.sendComm, source.data() + buffers_.slotOffset(size, i), size, kTag, link.sendMr,
+                          request);
+      });
+  auto receiver = std::make_unique<Pipeline>(
+      net_, std::string(direction) + " receiver irecv", size, count, true, window_,
+      [&, size](uint64_t i, void** request) {
+        return net_.irecv(link.recvComm, destination.data() + buffers_.slotOffset(size, i), size, kTag, link.recvMr,
+                          request);
+      });
+  return {std::move(sender), std::move(receiver)};
 }
 
 double RailnetPeer::stream(size_t size, uint64_t count) {
-  return runTogether(guard_, streamTasks(*forward_, buffers_.send, buffers_.recv, size, count, "forward"));
+  auto [sender, receiver] = streamPipelines(*forward_, buffers_.send, buffers_.recv, size, count, "forward");
+  return runTogether(guard_, {[&] { runRank({sender.get()}); }, [&] { runRank({receiver.get()}); }});
 }
 
 double RailnetPeer::streamBothWays(size_t size, uint64_t count) {
-  std::vector<std::function<void()>> tasks =
-      streamTasks(*forward_, buffers_.send, buffers_.recv, size, count, "forward");
-  for (auto& task : streamTasks(*back_, buffers_.echoSend, buffers_.echoRecv, size, count, "back")) {
-    tasks.push_back(std::move(task));
-  }
-  return runTogether(guard_, tasks);
+  // Rank A sends forward and receives back; rank B the reverse: one proxy thread each, as in NCCL.
+  auto [forwardSender, forwardReceiver] =
+      streamPipelines(*forward_, buffers_.send, buffers_.recv, size, count, "forward");
+  auto [backSender, backReceiver] = streamPipelines(*back_, buffers_.echoSend, buffers_.echoRecv, size, count, "back");
+  return runTogether(guard_, {[&] { runRank({forwardSender.get(), backReceiver.get()}); },
+                              [&] { runRank({forwardReceiver.get(), backSender.get()}); }});
 }
 
 double RailnetPeer::pingPong(size_t size, uint64_t count, std::vector<double>* halfRttUs) {

@@ -39,16 +39,18 @@ class RailnetPeer final : public Peer {
  private:
   class Link;
 
-  // Posts `count` requests with at most `window_` in flight and tests them oldest first. `post(i, &request)`
-  // posts message i; a NULL request means "retry later".
-  template <class Post>
-  void pipeline(const char* side, size_t size, uint64_t count, bool exactSize, Post&& post);
+  class Pipeline;
+  // One emulated rank's proxy thread, as NCCL has one per GPU: it drives all of that rank's pipelines (a send and
+  // a receive when both directions run) in turns until every one is done, yielding the core when none moved.
+  void runRank(const std::vector<Pipeline*>& pipelines);
   template <class Post>
   void* postWithRetry(const char* what, Post&& post);
   void waitDone(void* request, const char* what, size_t size, bool exactSize);
-  // The sender and receiver tasks that stream `count` messages over `link` from `source` into `destination` slots.
-  std::vector<std::function<void()>> streamTasks(Link& link, const HostBuffer& source, HostBuffer& destination,
-                                                 size_t size, uint64_t count, const char* direction);
+  // The sender's and the receiver's pipeline that stream `count` messages over `link` from `source` into
+  // `destination` slots.
+  std::pair<std::unique_ptr<Pipeline>, std::unique_ptr<Pipeline>> streamPipelines(Link& link, const HostBuffer& source,
+                                                                                  HostBuffer& destination, size_t size,
+                                                                                  uint64_t count, const char* direction);
 
   const NetPlugin& net_;
   BenchBuffers& buffers_;

@@ -1,6 +1,7 @@
 #include "proxy/progress/engine.h"
 
 #include <sys/epoll.h>
+#include <sched.h>
 #include <sys/eventfd.h>
 #include <unistd.h>
 
@@ -200,6 +201,7 @@ void Worker::run() {
     }
     if (now - lastWork < spin_) {
       waitForEvents(0);
+      sched_yield();  // a core shared with other runnable threads goes to them while we poll
       continue;
     }
     sleeping_.store(true, std::memory_order_seq_cst);
@@ -243,10 +245,12 @@ Engine::Engine() {
   int cores = static_cast<int>(std::thread::hardware_concurrency());
   int threads = static_cast<int>(config.tcpThreads);
   if (threads <= 0) {
-    threads = std::min<int>({static_cast<int>(config.tcpStreams), std::max(cores, 1), 16});
+    // A rank that sends and receives at once keeps 2 x streams socket ends busy per peer (docs/performance.md §7).
+    threads = std::min<int>({2 * static_cast<int>(config.tcpStreams), std::max(cores, 1), 16});
   }
   const int spinUs = static_cast<int>(config.tcpSpinUs);  // ranges: include/railnet/settings.h
   for (int i = 0; i < threads; ++i) workers_.push_back(std::make_unique<Worker>(i, spinUs));
+  sourcesOf_.assign(workers_.size(), 0);
   RN_INFO(NCCL_INIT | NCCL_NET, "NET/railnet: started %d TCP helper threads (spin %d us)", threads, spinUs);
 }
 
@@ -275,11 +279,32 @@ Engine::~Engine() {
 }
 
 void Engine::attach(EventSource* source) {
-  uint32_t pick = nextWorker_.fetch_add(1, std::memory_order_relaxed) % workers_.size();
-  workers_[pick]->add(source);
+  int pick = -1;
+  {
+    std::lock_guard<std::mutex> lock(placementMutex_);
+    const uint64_t key = source->affinityKey();
+    auto found = key != 0 ? keyed_.find(key) : keyed_.end();
+    if (found != keyed_.end()) {
+      pick = found->second.first;
+      ++found->second.second;
+    } else {
+      pick = static_cast<int>(std::min_element(sourcesOf_.begin(), sourcesOf_.end()) - sourcesOf_.begin());
+      if (key != 0) keyed_[key] = {pick, 1};
+    }
+    ++sourcesOf_[static_cast<size_t>(pick)];
+    source->workerIndex_.store(pick, std::memory_order_relaxed);
+  }
+  workers_[static_cast<size_t>(pick)]->add(source);
 }
 
-void Engine::detach(EventSource* source) { source->worker_->remove(source); }
+void Engine::detach(EventSource* source) {
+  source->worker_->remove(source);
+  std::lock_guard<std::mutex> lock(placementMutex_);
+  --sourcesOf_[static_cast<size_t>(source->helper())];
+  const uint64_t key = source->affinityKey();
+  auto found = key != 0 ? keyed_.find(key) : keyed_.end();
+  if (found != keyed_.end() && --found->second.second == 0) keyed_.erase(found);
+}
 
 void EventSource::wake() { worker_->notify(); }
 

@@ -9,6 +9,8 @@
 #include <atomic>
 #include <cstdint>
 #include <memory>
+#include <mutex>
+#include <unordered_map>
 #include <vector>
 
 namespace railnet::progress {
@@ -26,6 +28,11 @@ class EventSource {
   virtual void markReady(bool readable, bool writable) noexcept = 0;
   // The engine could not watch the fd (err: errno); no progress() follows.
   virtual void failWith(const char* why, int err) noexcept = 0;
+  // Sources with the same non-zero key are served by one helper: both ends of a connection within one process,
+  // so the helper that writes a chunk reads it back from its own cache, with no wake-up between; 0: none.
+  virtual uint64_t affinityKey() const noexcept { return 0; }
+  // The helper serving this source (-1 before attach); any thread may ask.
+  int helper() const noexcept { return workerIndex_.load(std::memory_order_relaxed); }
 
  protected:
   // Any thread: the source has new work; wakes its helper if it sleeps. Valid once attached.
@@ -35,6 +42,7 @@ class EventSource {
   friend class Worker;
   friend class Engine;
   Worker* worker_ = nullptr;
+  std::atomic<int> workerIndex_{-1};
 };
 
 class Engine {
@@ -51,7 +59,9 @@ class Engine {
  private:
   Engine();
   std::vector<std::unique_ptr<Worker>> workers_;
-  std::atomic<uint32_t> nextWorker_{0};
+  std::mutex placementMutex_;
+  std::vector<int> sourcesOf_;                                 // guarded by placementMutex_; per worker
+  std::unordered_map<uint64_t, std::pair<int, int>> keyed_;   // guarded; key -> (worker, sources)
 };
 
 }  // namespace railnet::progress

@@ -32,12 +32,15 @@ void DataStreams::start(StreamOwner* owner) {
 
 void DataStreams::stop() {
   if (!started_) return;
-  started_ = false;
-  if (streams_.empty()) return;
-  for (auto& stream : streams_) {
-    engine_->detach(stream.get());
-    stream->foldTelemetry();
+  if (streams_.empty()) {
+    started_ = false;
+    return;
   }
+  // Until the last stream is detached its siblings' helpers may still look at the set (a stream that drains
+  // takes chunks from a sibling), so the set stays whole and started_ unchanged until then.
+  for (auto& stream : streams_) engine_->detach(stream.get());
+  for (auto& stream : streams_) stream->foldTelemetry();
+  started_ = false;
   streams_.clear();
   engine_.reset();
   if (gStarted.fetch_sub(1, std::memory_order_acq_rel) == 1) {

@@ -23,6 +23,8 @@ namespace {
 // NCCL keeps 32 receives in flight, each of up to 8 buffers: 256 sends; twice that leaves headroom.
 constexpr size_t kSendRequests = 2 * NCCL_NET_MAX_REQUESTS * kMaxRecvs;
 constexpr auto kStallWarning = std::chrono::seconds(10);
+// A stream is robbed only with at least this much queued: two chunks of a 4 MiB message, not 256 KiB ones.
+constexpr uint64_t kStealBacklog = 1 << 20;
 }  // namespace
 
 TcpSendComm::TcpSendComm(Fd control, std::vector<Fd> data, const protocol::SocketAddress& peer, NicLayout layout)
@@ -34,10 +36,10 @@ TcpSendComm::TcpSendComm(Fd control, std::vector<Fd> data, const protocol::Socke
   minChunkBytes_ = static_cast<uint64_t>(config.tcpMinChunkBytes);  // >= 4096 (settings table)
   if (!layout.nics.empty()) control_.setCounters(layout.nics[0]);
   streams_.setCounters(layout);
-  streams_.start(this);
   nics_ = std::clamp(static_cast<int>(layout.nics.size()), 1, std::max(1, streams_.count()));
   nics_ = std::min(nics_, kMaxStripeNics);
   minStripeBytes_ = layout.minStripeBytes;
+  streams_.start(this);  // last: helper threads may call stealChunk at once
 }
 
 TcpSendComm::~TcpSendComm() { streams_.stop(); }
@@ -215,6 +217,25 @@ ncclResult_t TcpSendComm::testRequest(SendRequest* request, int* done, int* size
   // No socket reads here: chunks are written by helper threads, which notice a vanished receiver, and
   // clear-to-sends are read when isend needs one. Polling stays a pair of atomic loads.
   return control_.failed() ? control_.reportFailure() : ncclSuccess;
+}
+
+bool TcpSendComm::stealChunk(int thief, SendOp* out) noexcept {
+  // Any stream of the thief's NIC may carry any chunk (chunks say where they go). Only a real backlog on a stream
+  // served by another helper is worth moving: the thief's own helper writes its other streams' chunks in this
+  // very pass anyway, and moving the few small chunks of mid-size messages between helpers cost twice the CPU
+  // per byte on 2 cores (docs/performance.md §7). The stream with the most queued is the slowest to drain. Read without locks: a stale choice only means
+  // another look next pass.
+  const int thiefHelper = streams_[thief].helper();
+  int victim = -1;
+  uint64_t most = 0;
+  for (int s = thief % nics_; s < streams_.count(); s += nics_) {
+    const uint64_t queued = streams_[s].queuedBytes();
+    if (queued >= kStealBacklog && queued > most && streams_[s].helper() != thiefHelper) {
+      most = queued;
+      victim = s;
+    }
+  }
+  return victim >= 0 && streams_[victim].giveQueuedChunk(out);
 }
 
 char* TcpSendComm::resolveChunk(const ChunkHeader&) noexcept { return nullptr; }

@@ -51,6 +51,7 @@ class TcpSendComm final : public SendComm, private StreamOwner {
   char* resolveChunk(const ChunkHeader& header) noexcept override;
   void chunkReceived(const ChunkHeader& header) noexcept override;
   void streamFailed(int streamIndex, const char* why, int err, bool endOfStream) noexcept override;
+  bool stealChunk(int thief, SendOp* out) noexcept override;
 
   protocol::ControlChannel control_;
   DataStreams streams_;

@@ -1,11 +1,14 @@
 #include "proxy/tcp/stream.h"
 
+#include <sys/socket.h>
 #include <sys/uio.h>
 
 #include <algorithm>
 #include <cstdio>
+#include <functional>
 
 #include "railnet/error.h"
+#include "railnet/settings.h"
 
 namespace railnet::tcp {
 
@@ -17,6 +20,7 @@ StreamTelemetry gTotals;  // guarded by gTotalsMutex
 void Stream::foldTelemetry() const {
   std::lock_guard<std::mutex> lock(gTotalsMutex);
   gTotals.chunksSent += telemetry_.chunksSent;
+  gTotals.chunksStolen += telemetry_.chunksStolen;
   gTotals.chunksReceived += telemetry_.chunksReceived;
   gTotals.sendCalls += telemetry_.sendCalls;
   gTotals.sendWouldBlock += telemetry_.sendWouldBlock;
@@ -34,9 +38,10 @@ std::string streamTelemetryLine() {
   auto n = [](uint64_t value) { return static_cast<unsigned long long>(value); };
   char line[512];
   snprintf(line, sizeof(line),
-           "%llu chunks sent with %llu sendmsg (%.2f per chunk) and %llu full-socket EAGAINs (%.2f per chunk); "
+           "%llu chunks sent (%llu taken from a slower sibling stream) with %llu sendmsg (%.2f per chunk) and %llu "
+           "full-socket EAGAINs (%.2f per chunk); "
            "%llu received with %llu recv (%.2f per chunk) and %llu empty-socket EAGAINs (%.2f per chunk)",
-           n(t.chunksSent), n(t.sendCalls), per(t.sendCalls, t.chunksSent), n(t.sendWouldBlock),
+           n(t.chunksSent), n(t.chunksStolen), n(t.sendCalls), per(t.sendCalls, t.chunksSent), n(t.sendWouldBlock),
            per(t.sendWouldBlock, t.chunksSent), n(t.chunksReceived), n(t.recvCalls),
            per(t.recvCalls, t.chunksReceived), n(t.recvWouldBlock), per(t.recvWouldBlock, t.chunksReceived));
   return line;
@@ -46,8 +51,29 @@ using protocol::kEndOfStream;
 using protocol::readSome;
 using protocol::writeVector;
 
+namespace {
+// Both ends of one TCP connection see the same two addresses, swapped: hashing them in a fixed order gives both
+// the same key. 0 when the socket has no peer.
+uint64_t connectionKeyOf(int fd) {
+  sockaddr_storage local{};
+  sockaddr_storage peer{};
+  socklen_t localLength = sizeof(local);
+  socklen_t peerLength = sizeof(peer);
+  if (getsockname(fd, reinterpret_cast<sockaddr*>(&local), &localLength) != 0 ||
+      getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &peerLength) != 0) {
+    return 0;
+  }
+  std::string a(reinterpret_cast<const char*>(&local), localLength);
+  std::string b(reinterpret_cast<const char*>(&peer), peerLength);
+  if (b < a) a.swap(b);
+  return std::hash<std::string>{}(a + b) | 1;
+}
+}  // namespace
+
 Stream::Stream(Fd fd, StreamOwner* owner, int index, NicCounters* counters)
-    : fd_(std::move(fd)), owner_(owner), index_(index), counters_(counters) {}
+    : fd_(std::move(fd)), owner_(owner), index_(index), counters_(counters), connectionKey_(connectionKeyOf(fd_.get())) {
+  passBytes_ = settings().tcpPassBytes > 0 ? static_cast<uint64_t>(settings().tcpPassBytes) : UINT64_MAX;
+}
 
 void Stream::enqueue(const SendOp& op) {
   {
@@ -76,29 +102,61 @@ uint64_t Stream::progress() noexcept {
   return moved;
 }
 
+bool Stream::refill(uint64_t budget) {
+  {
+    // Only what this pass can write leaves the shared queue: the rest stays where an idle sibling can take it.
+    std::lock_guard<std::mutex> lock(queueMutex_);
+    uint64_t taken = 0;
+    while (!queue_.empty() && taken < budget && sending_.size() < kMaxGather) {
+      taken += queue_.front().header.length;
+      sending_.push_back(queue_.front());
+      queue_.pop_front();
+    }
+  }
+  if (!sending_.empty()) return true;
+  SendOp stolen{};
+  if (!owner_->stealChunk(index_, &stolen)) return false;
+  queuedBytes_.fetch_add(stolen.header.length, std::memory_order_relaxed);
+  sending_.push_back(stolen);
+  ++telemetry_.chunksStolen;
+  return true;
+}
+
+bool Stream::giveQueuedChunk(SendOp* out) {
+  std::lock_guard<std::mutex> lock(queueMutex_);
+  // The next chunk stays: its own helper is about to write it. Only a backlog behind it is worth moving.
+  if (queue_.size() < 2) return false;
+  *out = queue_.front();  // the oldest: the message every later one waits behind
+  queue_.pop_front();
+  queuedBytes_.fetch_sub(out->header.length, std::memory_order_relaxed);
+  return true;
+}
+
 uint64_t Stream::progressSend() {
   uint64_t moved = 0;
-  while (writable_) {
-    if (sending_.empty()) {
-      std::lock_guard<std::mutex> lock(queueMutex_);
-      if (queue_.empty()) break;
-      sending_.swap(queue_);
-    }
+  while (writable_ && moved < passBytes_) {
+    if (sending_.empty() && !refill(passBytes_ - moved)) break;
     // Gather the head of the queue into one sendmsg: fewer syscalls for runs of chunks.
-    constexpr int kMaxIov = 16;
+    constexpr int kMaxIov = 2 * kMaxGather;
     iovec iov[kMaxIov];
     int count = 0;
     uint64_t done = sentOfFront_;  // only the front op can be partly written
+    uint64_t budget = passBytes_ - moved;
     for (const SendOp& op : sending_) {
-      if (count + 2 > kMaxIov) break;
+      if (count + 2 > kMaxIov || budget == 0) break;
       auto* header = reinterpret_cast<char*>(const_cast<ChunkHeader*>(&op.header));
       if (done < sizeof(ChunkHeader)) {
         iov[count++] = {header + done, sizeof(ChunkHeader) - done};
+        budget -= std::min<uint64_t>(budget, sizeof(ChunkHeader) - done);
         done = 0;
       } else {
         done -= sizeof(ChunkHeader);
       }
-      if (op.header.length > done) iov[count++] = {const_cast<char*>(op.data) + done, op.header.length - done};
+      if (op.header.length > done && budget > 0) {
+        const uint64_t bytes = std::min(op.header.length - done, budget);
+        iov[count++] = {const_cast<char*>(op.data) + done, bytes};
+        budget -= bytes;
+      }
       done = 0;
     }
     ssize_t sent = writeVector(fd_.get(), iov, count);
@@ -132,7 +190,7 @@ uint64_t Stream::progressSend() {
 
 uint64_t Stream::progressReceive() {
   uint64_t moved = 0;
-  while (readable_) {
+  while (readable_ && moved < passBytes_) {
     ssize_t got;
     if (!inPayload_) {
       char* header = reinterpret_cast<char*>(&incoming_);

@@ -20,6 +20,8 @@ namespace railnet::tcp {
 using protocol::ChunkHeader;
 using protocol::Fd;
 
+struct SendOp;
+
 // Implemented by the comm that owns the streams. Called on helper threads.
 class StreamOwner {
  public:
@@ -29,6 +31,13 @@ class StreamOwner {
   // The stream hit end-of-stream (endOfStream) or an error (err: its errno, 0 for a protocol error); no more
   // callbacks follow for it.
   virtual void streamFailed(int streamIndex, const char* why, int err, bool endOfStream) noexcept = 0;
+  // Sender: stream `thief` has nothing queued; hand it a chunk still queued on a sibling stream of the same NIC
+  // (a slower one), or return false.
+  virtual bool stealChunk(int thief, SendOp* out) noexcept {
+    (void)thief;
+    (void)out;
+    return false;
+  }
 
  protected:
   ~StreamOwner() = default;
@@ -46,6 +55,7 @@ struct SendOp {
 struct StreamTelemetry {
   uint64_t chunksSent = 0;
   uint64_t chunksReceived = 0;
+  uint64_t chunksStolen = 0;    // chunks taken from a sibling stream's queue
   uint64_t sendCalls = 0;       // sendmsg() calls that wrote something
   uint64_t sendWouldBlock = 0;  // ... that found the socket full (EAGAIN)
   uint64_t recvCalls = 0;       // recv() calls that read something
@@ -64,6 +74,8 @@ class Stream final : public progress::EventSource {
   uint64_t queuedBytes() const { return queuedBytes_.load(std::memory_order_relaxed); }
   // Sender side, any thread: queue a chunk and wake the helper.
   void enqueue(const SendOp& op);
+  // Any helper: moves the oldest queued chunk to *out (for an idle sibling) if one more stays queued behind it.
+  bool giveQueuedChunk(SendOp* out);
 
   // Adds this stream's counts to the process-wide totals; call once no helper touches the stream (detached).
   void foldTelemetry() const;
@@ -72,8 +84,12 @@ class Stream final : public progress::EventSource {
   uint64_t progress() noexcept override;
   void markReady(bool readable, bool writable) noexcept override;
   void failWith(const char* why, int err) noexcept override;
+  uint64_t affinityKey() const noexcept override { return connectionKey_; }
 
  private:
+  static constexpr size_t kMaxGather = 8;  // chunks gathered into one sendmsg
+  // Moves up to `budget` bytes of chunks from the shared queue to sending_, or steals one; false: nothing to send.
+  bool refill(uint64_t budget);
   uint64_t progressSend();
   uint64_t progressReceive();
   void fail(const char* why, int err, bool endOfStream);
@@ -82,6 +98,8 @@ class Stream final : public progress::EventSource {
   StreamOwner* owner_;
   int index_;
   NicCounters* counters_;
+  uint64_t connectionKey_;
+  uint64_t passBytes_;  // the same for both ends of one TCP connection (its two addresses, in order)
 
   std::mutex queueMutex_;
   std::deque<SendOp> queue_;  // guarded by queueMutex_
