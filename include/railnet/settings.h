@@ -44,7 +44,7 @@ inline constexpr int64_t kSizeMax = INT64_MAX;
   X(Int, tcpStreams, "RAILNET_TCP_STREAMS", 8, (1, 64) /* proxy/tcp/wire.h kMaxStreams */,                       \
     "Data streams (TCP connections) per railnet connection; large messages are split across them.")              \
   X(Int, tcpThreads, "RAILNET_TCP_THREADS", 0, (0, 64),                                                          \
-    "Helper threads in the process-wide pool that moves data-stream bytes; 0 picks min(2 x streams, cores, 16).")    \
+    "Helper threads in the process-wide pool that moves data-stream bytes; 0: min(2 x streams, cores, 16).")     \
   X(Int, tcpInlineBytes, "RAILNET_TCP_INLINE_BYTES", 65536, (0, kSizeMax),                                       \
     "Messages up to this size travel inline on the control connection, sent by the calling thread.")             \
   X(Int, tcpMinChunkBytes, "RAILNET_TCP_MIN_CHUNK_BYTES", 65536, (4096, kSizeMax),                               \

@@ -315,35 +315,35 @@ void RailnetPeer::waitDone(void* request, const char* what, size_t size, bool ex
   }
 }
 
-std::pair<std::unique_ptr<RailnetPeer::Pipeline>, std::unique_ptr<RailnetPeer::Pipeline>>
-RailnetPeer::streamPipelines(Link& link, const HostBuffer& source, HostBuffer& destination, size_t size,
-                             uint64_t count, const char* direction) {
-  auto sender = std::make_unique<Pipeline>(
-      net_, std::string(direction) + " sender isend", size, count, false, window_, [&, size](uint64_t i, void** request) {
+RailnetPeer::Direction RailnetPeer::streamPipelines(Link& link, const HostBuffer& source, HostBuffer& destination,
+                                                    size_t size, uint64_t count, const char* direction) {
+  Direction pipelines;
+  pipelines.sender = std::make_unique<Pipeline>(
+      net_, std::string(direction) + " sender isend", size, count, false, window_,
+      [&, size](uint64_t i, void** request) {
         return net_.isend(link.sendComm, source.data() + buffers_.slotOffset(size, i), size, kTag, link.sendMr,
                           request);
       });
-  auto receiver = std::make_unique<Pipeline>(
+  pipelines.receiver = std::make_unique<Pipeline>(
       net_, std::string(direction) + " receiver irecv", size, count, true, window_,
       [&, size](uint64_t i, void** request) {
         return net_.irecv(link.recvComm, destination.data() + buffers_.slotOffset(size, i), size, kTag, link.recvMr,
                           request);
       });
-  return {std::move(sender), std::move(receiver)};
+  return pipelines;
 }
 
 double RailnetPeer::stream(size_t size, uint64_t count) {
-  auto [sender, receiver] = streamPipelines(*forward_, buffers_.send, buffers_.recv, size, count, "forward");
-  return runTogether(guard_, {[&] { runRank({sender.get()}); }, [&] { runRank({receiver.get()}); }});
+  Direction forward = streamPipelines(*forward_, buffers_.send, buffers_.recv, size, count, "forward");
+  return runTogether(guard_, {[&] { runRank({forward.sender.get()}); }, [&] { runRank({forward.receiver.get()}); }});
 }
 
 double RailnetPeer::streamBothWays(size_t size, uint64_t count) {
   // Rank A sends forward and receives back; rank B the reverse: one proxy thread each, as in NCCL.
-  auto [forwardSender, forwardReceiver] =
-      streamPipelines(*forward_, buffers_.send, buffers_.recv, size, count, "forward");
-  auto [backSender, backReceiver] = streamPipelines(*back_, buffers_.echoSend, buffers_.echoRecv, size, count, "back");
-  return runTogether(guard_, {[&] { runRank({forwardSender.get(), backReceiver.get()}); },
-                              [&] { runRank({forwardReceiver.get(), backSender.get()}); }});
+  Direction forward = streamPipelines(*forward_, buffers_.send, buffers_.recv, size, count, "forward");
+  Direction back = streamPipelines(*back_, buffers_.echoSend, buffers_.echoRecv, size, count, "back");
+  return runTogether(guard_, {[&] { runRank({forward.sender.get(), back.receiver.get()}); },
+                              [&] { runRank({forward.receiver.get(), back.sender.get()}); }});
 }
 
 double RailnetPeer::pingPong(size_t size, uint64_t count, std::vector<double>* halfRttUs) {

@@ -48,9 +48,12 @@ class RailnetPeer final : public Peer {
   void waitDone(void* request, const char* what, size_t size, bool exactSize);
   // The sender's and the receiver's pipeline that stream `count` messages over `link` from `source` into
   // `destination` slots.
-  std::pair<std::unique_ptr<Pipeline>, std::unique_ptr<Pipeline>> streamPipelines(Link& link, const HostBuffer& source,
-                                                                                  HostBuffer& destination, size_t size,
-                                                                                  uint64_t count, const char* direction);
+  struct Direction {
+    std::unique_ptr<Pipeline> sender;
+    std::unique_ptr<Pipeline> receiver;
+  };
+  Direction streamPipelines(Link& link, const HostBuffer& source, HostBuffer& destination, size_t size, uint64_t count,
+                            const char* direction);
 
   const NetPlugin& net_;
   BenchBuffers& buffers_;

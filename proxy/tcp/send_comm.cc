@@ -223,8 +223,8 @@ bool TcpSendComm::stealChunk(int thief, SendOp* out) noexcept {
   // Any stream of the thief's NIC may carry any chunk (chunks say where they go). Only a real backlog on a stream
   // served by another helper is worth moving: the thief's own helper writes its other streams' chunks in this
   // very pass anyway, and moving the few small chunks of mid-size messages between helpers cost twice the CPU
-  // per byte on 2 cores (docs/performance.md §7). The stream with the most queued is the slowest to drain. Read without locks: a stale choice only means
-  // another look next pass.
+  // per byte on 2 cores (docs/performance.md §7). The stream with the most queued is the slowest to drain.
+  // Read without locks: a stale choice only means another look next pass.
   const int thiefHelper = streams_[thief].helper();
   int victim = -1;
   uint64_t most = 0;

@@ -71,9 +71,12 @@ uint64_t connectionKeyOf(int fd) {
 }  // namespace
 
 Stream::Stream(Fd fd, StreamOwner* owner, int index, NicCounters* counters)
-    : fd_(std::move(fd)), owner_(owner), index_(index), counters_(counters), connectionKey_(connectionKeyOf(fd_.get())) {
-  passBytes_ = settings().tcpPassBytes > 0 ? static_cast<uint64_t>(settings().tcpPassBytes) : UINT64_MAX;
-}
+    : fd_(std::move(fd)),
+      owner_(owner),
+      index_(index),
+      counters_(counters),
+      connectionKey_(connectionKeyOf(fd_.get())),
+      passBytes_(settings().tcpPassBytes > 0 ? static_cast<uint64_t>(settings().tcpPassBytes) : UINT64_MAX) {}
 
 void Stream::enqueue(const SendOp& op) {
   {

@@ -31,13 +31,9 @@ class StreamOwner {
   // The stream hit end-of-stream (endOfStream) or an error (err: its errno, 0 for a protocol error); no more
   // callbacks follow for it.
   virtual void streamFailed(int streamIndex, const char* why, int err, bool endOfStream) noexcept = 0;
-  // Sender: stream `thief` has nothing queued; hand it a chunk still queued on a sibling stream of the same NIC
-  // (a slower one), or return false.
-  virtual bool stealChunk(int thief, SendOp* out) noexcept {
-    (void)thief;
-    (void)out;
-    return false;
-  }
+  // Sender: stream `thief` has nothing queued; hand it a chunk from a sibling of its NIC with a backlog, served
+  // by another helper, or return false (a receiving comm never has one).
+  virtual bool stealChunk(int /*thief*/, SendOp* /*out*/) noexcept { return false; }
 
  protected:
   ~StreamOwner() = default;
@@ -98,8 +94,8 @@ class Stream final : public progress::EventSource {
   StreamOwner* owner_;
   int index_;
   NicCounters* counters_;
-  uint64_t connectionKey_;
-  uint64_t passBytes_;  // the same for both ends of one TCP connection (its two addresses, in order)
+  const uint64_t connectionKey_;  // the same for both ends of one TCP connection (its two addresses, in order)
+  const uint64_t passBytes_;      // most bytes moved per direction in one progress() (RAILNET_TCP_PASS_BYTES)
 
   std::mutex queueMutex_;
   std::deque<SendOp> queue_;  // guarded by queueMutex_
