@@ -52,7 +52,7 @@ inline constexpr int64_t kSizeMax = INT64_MAX;
   X(Int, tcpSpinUs, "RAILNET_TCP_SPIN_US", 0, (0, 1000000),                                                      \
     "How long a helper thread busy-polls its sockets before it sleeps in epoll_wait. 0 (sleep at once) moved "  \
     "as many bytes for a third less CPU in the measurements (docs/performance.md).")                             \
-  X(Int, tcpPassBytes, "RAILNET_TCP_PASS_BYTES", 524288, (0, kSizeMax),                                         \
+  X(Int, tcpPassBytes, "RAILNET_TCP_PASS_BYTES", 131072, (0, kSizeMax),                                         \
     "Most bytes a helper thread writes or reads on one socket before it turns to its next one (so bytes it "    \
     "writes are read back while still in its cache, and no socket starves the others); 0: until it blocks.")     \
   X(Int, tcpSocketBufferBytes, "RAILNET_TCP_SOCKET_BUFFER_BYTES", 0, (0, kIntMax),                               \

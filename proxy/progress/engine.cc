@@ -197,6 +197,8 @@ void Worker::run() {
     auto now = std::chrono::steady_clock::now();
     if (moved > 0) {
       lastWork = now;
+      // Collect readiness that arrived meanwhile: a socket read empty earlier in this busy run may have data again.
+      waitForEvents(0);
       continue;
     }
     if (now - lastWork < spin_) {

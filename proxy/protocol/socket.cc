@@ -136,6 +136,20 @@ ssize_t readSome(int fd, void* data, size_t size) {
   }
 }
 
+ssize_t readVector(int fd, const iovec* iov, int count) {
+  msghdr message{};
+  message.msg_iov = const_cast<iovec*>(iov);
+  message.msg_iovlen = static_cast<size_t>(count);
+  for (;;) {
+    ssize_t got = recvmsg(fd, &message, MSG_DONTWAIT);
+    if (got > 0) return got;
+    if (got == 0) return kEndOfStream;
+    if (errno == EINTR) continue;
+    if (errno == EAGAIN || errno == EWOULDBLOCK) return 0;
+    return -errno;
+  }
+}
+
 ssize_t writeSome(int fd, const void* data, size_t size) {
   for (;;) {
     ssize_t sent = send(fd, data, size, MSG_DONTWAIT | MSG_NOSIGNAL);

@@ -67,5 +67,7 @@ constexpr ssize_t kEndOfStream = -(1 << 20);
 ssize_t readSome(int fd, void* data, size_t size);
 ssize_t writeSome(int fd, const void* data, size_t size);
 ssize_t writeVector(int fd, const struct iovec* iov, int count);
+// Scatter read; the iovecs' total must be non-zero (0 means EAGAIN, as for readSome).
+ssize_t readVector(int fd, const struct iovec* iov, int count);
 
 }  // namespace railnet::protocol

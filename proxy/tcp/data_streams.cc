@@ -1,5 +1,6 @@
 #include "proxy/tcp/data_streams.h"
 
+#include <algorithm>
 #include <atomic>
 
 #include "railnet/log.h"
@@ -27,7 +28,13 @@ void DataStreams::start(StreamOwner* owner) {
     streams_.push_back(std::make_unique<Stream>(std::move(pending_[i]), owner, static_cast<int>(i), counters));
   }
   pending_.clear();
-  for (auto& stream : streams_) engine_->attach(stream.get());
+  std::vector<int> helpers;
+  for (auto& stream : streams_) {
+    engine_->attach(stream.get());
+    helpers.push_back(stream->helper());
+  }
+  std::sort(helpers.begin(), helpers.end());
+  helpersServing_ = static_cast<int>(std::unique(helpers.begin(), helpers.end()) - helpers.begin());
 }
 
 void DataStreams::stop() {

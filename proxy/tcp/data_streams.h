@@ -33,6 +33,9 @@ class DataStreams {
   void stop();
 
   int count() const { return static_cast<int>(started_ ? streams_.size() : pending_.size()); }
+  // Distinct helper threads serving the streams, fixed at start(): pieces of one message beyond this many run
+  // one after another on the same helper, so a message is not split finer (docs/performance.md §7).
+  int helpersServing() const { return helpersServing_; }
   Stream& operator[](int index) { return *streams_[static_cast<size_t>(index)]; }
 
  private:
@@ -41,6 +44,7 @@ class DataStreams {
   std::shared_ptr<progress::Engine> engine_;
   std::vector<std::unique_ptr<Stream>> streams_;
   bool started_ = false;
+  int helpersServing_ = 1;
 };
 
 }  // namespace railnet::tcp

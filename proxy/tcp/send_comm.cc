@@ -139,7 +139,7 @@ ncclResult_t TcpSendComm::isend(void* data, size_t size, int tag, MemoryRegion*,
 
 void TcpSendComm::sendStreamed(SendRequest* request, const char* data, uint64_t size, uint32_t recvId, int slot) {
   int streams = streams_.count();
-  uint64_t chunk = protocol::chunkSizeFor(size, streams, minChunkBytes_);
+  uint64_t chunk = protocol::chunkSizeFor(size, std::min(streams, streams_.helpersServing()), minChunkBytes_);
   int chunks = static_cast<int>((size + chunk - 1) / chunk);
   request->pendingChunks_.store(chunks, std::memory_order_relaxed);
   for (int i = 0; i < chunks; ++i) {
@@ -171,7 +171,8 @@ void TcpSendComm::sendStriped(SendRequest* request, const char* data, uint64_t s
   for (int i = 0; i < count; ++i) {
     // Streams of NIC l: l, l + nics_, l + 2 nics_, ...
     const int nicStreams = (streams - stripes[i].nic + nics_ - 1) / nics_;
-    chunkOf[i] = protocol::chunkSizeFor(stripes[i].bytes, nicStreams, minChunkBytes_);
+    const int nicHelpers = std::max(1, (streams_.helpersServing() + nics_ - 1) / nics_);
+    chunkOf[i] = protocol::chunkSizeFor(stripes[i].bytes, std::min(nicStreams, nicHelpers), minChunkBytes_);
     total += static_cast<int>((stripes[i].bytes + chunkOf[i] - 1) / chunkOf[i]);
   }
   // Every chunk is counted before the first is queued: a worker may finish one at once.

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstring>
 #include <functional>
 
 #include "railnet/error.h"
@@ -48,7 +49,7 @@ std::string streamTelemetryLine() {
 }
 
 using protocol::kEndOfStream;
-using protocol::readSome;
+using protocol::readVector;
 using protocol::writeVector;
 
 namespace {
@@ -149,8 +150,8 @@ uint64_t Stream::progressSend() {
       if (count + 2 > kMaxIov || budget == 0) break;
       auto* header = reinterpret_cast<char*>(const_cast<ChunkHeader*>(&op.header));
       if (done < sizeof(ChunkHeader)) {
+        // Headers ride outside the budget: a chunk of exactly the pass size leaves in one sendmsg, not two.
         iov[count++] = {header + done, sizeof(ChunkHeader) - done};
-        budget -= std::min<uint64_t>(budget, sizeof(ChunkHeader) - done);
         done = 0;
       } else {
         done -= sizeof(ChunkHeader);
@@ -191,23 +192,44 @@ uint64_t Stream::progressSend() {
   return moved;
 }
 
+bool Stream::startChunk() {
+  memcpy(&incoming_, nextHeader_, sizeof(ChunkHeader));
+  headerBytes_ = 0;
+  destination_ = owner_->resolveChunk(incoming_);
+  if (destination_ == nullptr) {
+    fail("received a chunk that matches no posted receive", 0, false);
+    return false;
+  }
+  payloadLeft_ = incoming_.length;
+  inPayload_ = payloadLeft_ > 0;
+  if (counters_ != nullptr) counters_->addReceived(incoming_.length);
+  if (!inPayload_) finishChunk();
+  return true;
+}
+
+void Stream::finishChunk() {
+  inPayload_ = false;
+  ++telemetry_.chunksReceived;
+  owner_->chunkReceived(incoming_);
+}
+
 uint64_t Stream::progressReceive() {
   uint64_t moved = 0;
   while (readable_ && moved < passBytes_) {
-    ssize_t got;
-    if (!inPayload_) {
-      char* header = reinterpret_cast<char*>(&incoming_);
-      got = readSome(fd_.get(), header + headerBytes_, sizeof(ChunkHeader) - headerBytes_);
-    } else {
-      got = readSome(fd_.get(), destination_ + (incoming_.length - payloadLeft_), payloadLeft_);
-    }
+    // The next chunk's header rides along with this payload's tail: one recvmsg per chunk, not two.
+    iovec iov[2];
+    int count = 0;
+    if (inPayload_) iov[count++] = {destination_ + (incoming_.length - payloadLeft_), payloadLeft_};
+    iov[count++] = {nextHeader_ + headerBytes_, sizeof(ChunkHeader) - headerBytes_};
+    const uint64_t wanted = (inPayload_ ? payloadLeft_ : 0) + sizeof(ChunkHeader) - headerBytes_;
+    const ssize_t got = readVector(fd_.get(), iov, count);
     ++(got == 0 ? telemetry_.recvWouldBlock : telemetry_.recvCalls);
     if (got == 0) {
       readable_ = false;
       break;
     }
     if (got == kEndOfStream) {
-      bool clean = !inPayload_ && headerBytes_ == 0;
+      const bool clean = !inPayload_ && headerBytes_ == 0;
       fail(clean ? "peer closed the stream" : "peer closed the stream in the middle of a chunk", 0, clean);
       return moved;
     }
@@ -216,29 +238,20 @@ uint64_t Stream::progressReceive() {
       return moved;
     }
     moved += static_cast<uint64_t>(got);
-    if (!inPayload_) {
-      headerBytes_ += static_cast<uint64_t>(got);
-      if (headerBytes_ < sizeof(ChunkHeader)) continue;
-      headerBytes_ = 0;
-      destination_ = owner_->resolveChunk(incoming_);
-      if (destination_ == nullptr) {
-        fail("received a chunk that matches no posted receive", 0, false);
-        return moved;
-      }
-      payloadLeft_ = incoming_.length;
-      inPayload_ = payloadLeft_ > 0;
-      if (counters_ != nullptr) counters_->addReceived(incoming_.length);
-      if (!inPayload_) {
-        ++telemetry_.chunksReceived;
-        owner_->chunkReceived(incoming_);
-      }
-    } else {
-      payloadLeft_ -= static_cast<uint64_t>(got);
-      if (payloadLeft_ == 0) {
-        inPayload_ = false;
-        ++telemetry_.chunksReceived;
-        owner_->chunkReceived(incoming_);
-      }
+    uint64_t left = static_cast<uint64_t>(got);
+    if (inPayload_) {
+      const uint64_t payload = std::min(left, payloadLeft_);
+      payloadLeft_ -= payload;
+      left -= payload;
+      if (payloadLeft_ == 0) finishChunk();
+    }
+    headerBytes_ += left;
+    if (headerBytes_ == sizeof(ChunkHeader) && !startChunk()) return moved;
+    // A short read emptied the socket: whatever arrives next raises a new edge-triggered event, so the EAGAIN
+    // read that would confirm it is saved.
+    if (static_cast<uint64_t>(got) < wanted) {
+      readable_ = false;
+      break;
     }
   }
   return moved;

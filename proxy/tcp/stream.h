@@ -88,6 +88,9 @@ class Stream final : public progress::EventSource {
   bool refill(uint64_t budget);
   uint64_t progressSend();
   uint64_t progressReceive();
+  // A whole header sits in nextHeader_: resolve its destination; false once the stream has failed.
+  bool startChunk();
+  void finishChunk();
   void fail(const char* why, int err, bool endOfStream);
 
   Fd fd_;
@@ -104,8 +107,9 @@ class Stream final : public progress::EventSource {
   // Helper-only state.
   std::deque<SendOp> sending_;
   uint64_t sentOfFront_ = 0;
-  ChunkHeader incoming_{};
-  uint64_t headerBytes_ = 0;
+  ChunkHeader incoming_{};                  // the chunk whose payload is being read
+  char nextHeader_[sizeof(ChunkHeader)]{};  // the next header, filled by the same reads as the payload
+  uint64_t headerBytes_ = 0;                // of nextHeader_
   char* destination_ = nullptr;
   uint64_t payloadLeft_ = 0;
   bool inPayload_ = false;

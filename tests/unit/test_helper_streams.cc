@@ -2,12 +2,18 @@
 // idle sibling (proxy/tcp/stream.h), on real sockets and the real helper threads.
 #include <catch2/catch.hpp>
 
+#include <fcntl.h>
 #include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 #include <atomic>
+#include <chrono>
+#include <cstring>
 #include <memory>
+#include <mutex>
+#include <numeric>
+#include <thread>
 #include <vector>
 
 #include "proxy/progress/engine.h"
@@ -50,7 +56,86 @@ class NoOwner final : public StreamOwner {
   void streamFailed(int, const char*, int, bool) noexcept override {}
 };
 
+// Receives chunks into one buffer at their offsets and records the order they completed in.
+class BufferOwner final : public StreamOwner {
+ public:
+  explicit BufferOwner(size_t bytes) : buffer(bytes, 0) {}
+  char* resolveChunk(const railnet::protocol::ChunkHeader& header) noexcept override {
+    return header.offset + header.length <= buffer.size() ? buffer.data() + header.offset : nullptr;
+  }
+  void chunkReceived(const railnet::protocol::ChunkHeader& header) noexcept override {
+    std::lock_guard<std::mutex> lock(mutex);
+    completed.push_back(header.offset);
+  }
+  void streamFailed(int, const char* why, int, bool endOfStream) noexcept override {
+    std::lock_guard<std::mutex> lock(mutex);
+    failure = endOfStream ? "end of stream" : why;
+  }
+  size_t completedCount() {
+    std::lock_guard<std::mutex> lock(mutex);
+    return completed.size();
+  }
+
+  std::vector<char> buffer;
+  std::mutex mutex;
+  std::vector<uint64_t> completed;  // guarded by mutex
+  std::string failure;              // guarded by mutex
+};
+
 }  // namespace
+
+TEST_CASE("a receiving stream reassembles chunks however the bytes are split, headers read with payloads",
+          "[engine]") {
+  // Chunks of 0, 1, 31, 32, 33 and 100000 bytes back to back: the header of each next chunk arrives in the same
+  // reads as the payload before it, split at every awkward point by writes of prime lengths.
+  const std::vector<uint64_t> lengths{100000, 0, 1, 31, 32, 33, 4096, 0, 65536};
+  const uint64_t total = std::accumulate(lengths.begin(), lengths.end(), uint64_t{0});
+  std::vector<char> expected(total);
+  for (uint64_t i = 0; i < total; ++i) expected[i] = static_cast<char>((i * 131 + 7) % 251);
+  std::vector<char> wire;
+  uint64_t offset = 0;
+  for (uint64_t length : lengths) {
+    railnet::protocol::ChunkHeader header{};
+    header.messageSize = total;
+    header.offset = offset;
+    header.length = length;
+    const char* raw = reinterpret_cast<const char*>(&header);
+    wire.insert(wire.end(), raw, raw + sizeof(header));
+    wire.insert(wire.end(), expected.begin() + static_cast<long>(offset),
+                expected.begin() + static_cast<long>(offset + length));
+    offset += length;
+  }
+  int fds[2];
+  REQUIRE(socketpair(AF_UNIX, SOCK_STREAM, 0, fds) == 0);
+  Fd writer(fds[1]);
+  REQUIRE(fcntl(fds[0], F_SETFL, O_NONBLOCK) == 0);
+  BufferOwner owner(total);
+  Stream stream{Fd(fds[0]), &owner, 0};
+  std::shared_ptr<Engine> engine = Engine::acquire();
+  engine->attach(&stream);
+  const size_t pieces[] = {1, 7, 29, 31, 33, 4099, 65537};
+  size_t written = 0;
+  for (size_t k = 0; written < wire.size(); ++k) {
+    const size_t piece = std::min(pieces[k % std::size(pieces)], wire.size() - written);
+    REQUIRE(write(writer.get(), wire.data() + written, piece) == static_cast<ssize_t>(piece));
+    written += piece;
+    if (k % 5 == 0) std::this_thread::sleep_for(std::chrono::microseconds(200));  // let the helper read a piece
+  }
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  while (owner.completedCount() < lengths.size() && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  engine->detach(&stream);
+  std::lock_guard<std::mutex> lock(owner.mutex);
+  CHECK(owner.failure.empty());
+  REQUIRE(owner.completed.size() == lengths.size());
+  offset = 0;
+  for (size_t i = 0; i < lengths.size(); ++i) {
+    CHECK(owner.completed[i] == offset);
+    offset += lengths[i];
+  }
+  CHECK(owner.buffer == expected);
+}
 
 TEST_CASE("streams spread over the least-loaded helpers and both ends of a connection share one", "[engine]") {
   std::shared_ptr<Engine> engine = Engine::acquire();
