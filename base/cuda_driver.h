@@ -20,6 +20,9 @@ namespace railnet::cuda {
 using CUresult = int;
 using CUdevice = int;
 using CUdeviceptr = unsigned long long;  // CUdeviceptr_v2 on 64-bit hosts
+using CUcontext = struct CUctx_st*;
+using CUstream = struct CUstream_st*;
+using CUevent = struct CUevent_st*;
 
 constexpr CUresult CUDA_SUCCESS = 0;
 constexpr CUresult CUDA_ERROR_INVALID_VALUE = 1;
@@ -27,7 +30,14 @@ constexpr CUresult CUDA_ERROR_NOT_INITIALIZED = 3;
 constexpr CUresult CUDA_ERROR_DEINITIALIZED = 4;
 constexpr CUresult CUDA_ERROR_NO_DEVICE = 100;
 constexpr CUresult CUDA_ERROR_INVALID_CONTEXT = 201;
+constexpr CUresult CUDA_ERROR_NOT_READY = 600;
 constexpr CUresult CUDA_ERROR_NOT_SUPPORTED = 801;
+
+// Flags of cuStreamCreate, cuEventCreate, cuMemHostRegister, cuMemHostAlloc
+constexpr unsigned CU_STREAM_NON_BLOCKING = 0x1;
+constexpr unsigned CU_EVENT_DISABLE_TIMING = 0x2;
+constexpr unsigned CU_MEMHOSTREGISTER_PORTABLE = 0x01;
+constexpr unsigned CU_MEMHOSTALLOC_PORTABLE = 0x01;
 
 // CUdevice_attribute
 constexpr int CU_DEVICE_ATTRIBUTE_PCI_BUS_ID = 33;
@@ -64,6 +74,32 @@ struct DriverApi {
   CUresult (*cuDeviceGetAttribute)(int* value, int attribute, CUdevice device) = nullptr;
   CUresult (*cuPointerGetAttribute)(void* data, int attribute, CUdeviceptr pointer) = nullptr;
   CUresult (*cuCtxGetDevice)(CUdevice* device) = nullptr;
+  // Contexts, streams, events and copies: the TCP transport's copy-engine staging (proxy/staging/).
+  CUresult (*cuCtxPushCurrent)(CUcontext context) = nullptr;
+  CUresult (*cuCtxPopCurrent)(CUcontext* context) = nullptr;
+  CUresult (*cuCtxGetCurrent)(CUcontext* context) = nullptr;
+  CUresult (*cuCtxSetCurrent)(CUcontext context) = nullptr;
+  CUresult (*cuDevicePrimaryCtxRetain)(CUcontext* context, CUdevice device) = nullptr;
+  CUresult (*cuDevicePrimaryCtxRelease)(CUdevice device) = nullptr;
+  CUresult (*cuStreamCreate)(CUstream* stream, unsigned int flags) = nullptr;
+  CUresult (*cuStreamDestroy)(CUstream stream) = nullptr;
+  CUresult (*cuStreamSynchronize)(CUstream stream) = nullptr;
+  CUresult (*cuEventCreate)(CUevent* event, unsigned int flags) = nullptr;
+  CUresult (*cuEventDestroy)(CUevent event) = nullptr;
+  CUresult (*cuEventRecord)(CUevent event, CUstream stream) = nullptr;
+  CUresult (*cuEventQuery)(CUevent event) = nullptr;
+  CUresult (*cuEventSynchronize)(CUevent event) = nullptr;
+  CUresult (*cuMemcpyDtoHAsync)(void* destination, CUdeviceptr source, size_t bytes, CUstream stream) = nullptr;
+  CUresult (*cuMemcpyHtoDAsync)(CUdeviceptr destination, const void* source, size_t bytes, CUstream stream) = nullptr;
+  CUresult (*cuMemcpyDtoH)(void* destination, CUdeviceptr source, size_t bytes) = nullptr;
+  CUresult (*cuMemcpyHtoD)(CUdeviceptr destination, const void* source, size_t bytes) = nullptr;
+  CUresult (*cuMemHostRegister)(void* pointer, size_t bytes, unsigned int flags) = nullptr;
+  CUresult (*cuMemHostUnregister)(void* pointer) = nullptr;
+  CUresult (*cuMemHostAlloc)(void** pointer, size_t bytes, unsigned int flags) = nullptr;
+  CUresult (*cuMemFreeHost)(void* pointer) = nullptr;
+  CUresult (*cuMemAlloc)(CUdeviceptr* pointer, size_t bytes) = nullptr;
+  CUresult (*cuMemFree)(CUdeviceptr pointer) = nullptr;
+  CUresult (*cuMemsetD8)(CUdeviceptr pointer, unsigned char value, size_t count) = nullptr;
   // Optional (CUDA >= 11.7): null on older drivers, which then cannot export DMA-BUFs.
   CUresult (*cuMemGetHandleForAddressRange)(void* handle, CUdeviceptr pointer, size_t size, int handleType,
                                             unsigned long long flags) = nullptr;

@@ -1,6 +1,7 @@
 #include "plugin/net_core.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <mutex>
 #include <string>
 #include <unordered_set>
@@ -56,6 +57,23 @@ void placeDevices(Transport& chosen) {
     const topo::NetDevice& placed = placement.devices[static_cast<size_t>(dev)];
     chosen.place(dev, placed.pciPath, placed.railId);
   }
+}
+
+// NCCL takes its GPU path (GPU buffers handed to the plugin) only for a NIC within NCCL_NET_GDR_LEVEL of the GPU
+// (PXB by default): a rule for NICs that DMA into GPU memory across PCIe. The TCP transport's copy engines move
+// GPU memory to pinned host memory on the GPU's own node whatever the NIC's distance, so unless the user chose a
+// level, railnet lifts the rule for its devices (docs/decisions.md D64). NCCL reads the variable once, when it
+// first checks a GPU-NIC pair, which is after the net plugin's init.
+void openGpuPathForStagingTransport(const Transport& chosen) {
+  if (!chosen.stagesGpuMemoryInHost()) return;
+  if (const char* user = getenv("NCCL_NET_GDR_LEVEL"); user != nullptr) {
+    RN_INFO(NCCL_INIT | NCCL_NET, "NET/railnet: NCCL_NET_GDR_LEVEL=%s is the user's; NCCL hands GPU buffers to railnet "
+            "only for NICs within it", user);
+    return;
+  }
+  setenv("NCCL_NET_GDR_LEVEL", "SYS", 0);
+  RN_INFO(NCCL_INIT | NCCL_NET, "NET/railnet: NCCL_NET_GDR_LEVEL=SYS: GPU buffers go to the TCP transport's "
+          "copy-engine staging for every NIC (RAILNET_TCP_GPU=0 keeps NCCL's host staging)");
 }
 
 void logStartup(int abiVersion, const Transport& chosen) {
@@ -221,6 +239,7 @@ ncclResult_t init(int abiVersion, ncclDebugLogger_t logger, void** ctx, uint64_t
       checkSettings();  // RAILNET_* are parsed once; a bad value fails init (and every retry of it)
       std::unique_ptr<Transport> chosen = chooseTransport();
       placeDevices(*chosen);  // may throw (bad RAILNET_RAILS / RAILNET_TOPO_XML): init fails, and a retry redoes it
+      openGpuPathForStagingTransport(*chosen);
       plugin.transport = std::move(chosen);
       plugin.abiVersion = abiVersion;
       logStartup(abiVersion, *plugin.transport);

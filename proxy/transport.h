@@ -192,6 +192,9 @@ class Transport {
   // Where topology placed physical device `dev` (plugin init, before any comm): its PCI path and rail, which
   // the transport then reports and carries in its handshakes.
   virtual void place(int dev, const std::string& pciPath, int16_t railId) = 0;
+  // True when the transport takes GPU memory without the NIC ever touching it (the TCP transport's copy-engine
+  // staging): NCCL's GPU-to-NIC distance rule for GPUDirect then protects nothing (plugin/net_core.cc).
+  virtual bool stagesGpuMemoryInHost() const noexcept { return false; }
   // handle: NCCL_NET_HANDLE_MAXSIZE bytes that NCCL carries to the connecting peer.
   virtual std::unique_ptr<ListenComm> listen(int dev, void* handle) = 0;
   // Called again with the same handle buffer until *comm is set.

@@ -112,12 +112,14 @@ static_assert(sizeof(ClearToSendEntry) == 24);
 struct ChunkHeader {
   uint32_t recvId;
   uint8_t slot;
-  uint8_t reserved[3];
+  uint8_t flags;      // kChunkStaged: the chunk belongs to piece pieceSeq of a receive into GPU memory
+  uint16_t pieceSeq;  // staged pieces are numbered per connection in the order the sender queued them (mod 2^16)
   uint64_t messageSize;  // total bytes of the message this chunk belongs to
   uint64_t offset;
   uint64_t length;
 };
 static_assert(sizeof(ChunkHeader) == 32);
+inline constexpr uint8_t kChunkStaged = 2;  // TCP's; flag 1 is verbs' kPayloadFollows (verbs/notice.h)
 
 // Splitting a message of `size` bytes over `streams` streams: piece size, a multiple of 4 KiB, at least
 // minChunk, and at most ceil(size / streams) rounded up so every stream gets work.

@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <cstring>
 
-#include "proxy/tcp/host_region.h"
 #include "railnet/error.h"
 #include "railnet/log.h"
 
@@ -14,12 +13,16 @@ using protocol::ClearToSendEntry;
 using protocol::FailureKind;
 using protocol::FrameHeader;
 using protocol::FrameType;
+using protocol::kChunkStaged;
 using protocol::kEndOfStream;
 using protocol::kMaxRecvs;
 
 TcpRecvComm::TcpRecvComm(Fd control, std::vector<Fd> data, const protocol::SocketAddress& peer,
                          const NicLayout& layout)
-    : control_(std::move(control), peer, "receive"), streams_(std::move(data)), openStreams_(0) {
+    : control_(std::move(control), peer, "receive"),
+      landing_(stagingSlots(), stagingPieceBytes()),
+      streams_(std::move(data)),
+      openStreams_(0) {
   if (!layout.nics.empty()) control_.setCounters(layout.nics[0]);
   streams_.setCounters(layout);
   ring_.prepare([this](RecvRequest& entry) { entry.setOwner(this); });
@@ -29,9 +32,9 @@ TcpRecvComm::TcpRecvComm(Fd control, std::vector<Fd> data, const protocol::Socke
 
 TcpRecvComm::~TcpRecvComm() { streams_.stop(); }
 
-MemoryRegistrar& TcpRecvComm::registrar() noexcept { return hostRegistrar(); }
+MemoryRegistrar& TcpRecvComm::registrar() noexcept { return staging_; }
 
-ncclResult_t TcpRecvComm::irecv(int n, void** data, const size_t* sizes, const int* tags, MemoryRegion**,
+ncclResult_t TcpRecvComm::irecv(int n, void** data, const size_t* sizes, const int* tags, MemoryRegion** mrs,
                                 Request** request) noexcept {
   *request = nullptr;
   if (!protocol::validReceiveCount(n, control_.peerName())) return ncclInvalidUsage;
@@ -40,12 +43,28 @@ ncclResult_t TcpRecvComm::irecv(int n, void** data, const size_t* sizes, const i
     control_.recordFailure("the sender closed the connection");
     return control_.reportFailure();
   }
+  uint8_t staged = 0;
+  for (int i = 0; i < n; ++i) {
+    if (mrs == nullptr || !onGpu(mrs[i])) continue;
+    if (!staging_.ready()) {
+      RN_WARN("NET/railnet: receive into GPU memory %p from %s with a memory handle this comm did not register",
+              data[i], control_.peerName().c_str());
+      return ncclInvalidUsage;
+    }
+    staged = static_cast<uint8_t>(staged | 1u << i);
+  }
+  pumpStaging();
   const uint32_t recvId = ring_.nextId();
   RecvRequest* entry = ring_.post(n, data, sizes, tags);
   if (entry == nullptr) return ncclSuccess;  // more than the ring's receives in flight: try again later
   // Published before the clear-to-send leaves: a helper thread may see the first chunk right after.
+  entry->stagedBuffers.store(staged, std::memory_order_release);
   ClearToSendEntry entries[kMaxRecvs];
   const FrameHeader header = Ring::clearToSend(*entry, recvId, 0, entries);
+  for (int i = 0; i < n; ++i) {
+    // TCP has no rkeys: the field tells the sender that this buffer lands in staging, and in pieces of what size.
+    if ((staged >> i & 1) != 0) entries[i].rkey = static_cast<uint32_t>(landing_.pieceBytes());
+  }
   control_.send(&header, sizeof(header), entries, sizeof(ClearToSendEntry) * static_cast<size_t>(n));
   *request = entry;
   return ncclSuccess;
@@ -67,7 +86,9 @@ bool TcpRecvComm::startFrame() {
     return false;
   }
   const protocol::ReceiveBuffer& buffer = request->buffer(frame_.slot);
-  if (frame_.type != static_cast<uint8_t>(FrameType::kInline) || frame_.size > buffer.capacity) {
+  const bool staged = (request->stagedBuffers.load(std::memory_order_acquire) >> frame_.slot & 1) != 0;
+  if (frame_.type != static_cast<uint8_t>(FrameType::kInline) || frame_.size > buffer.capacity ||
+      (staged && frame_.size > 0)) {  // inline bytes cannot be written into GPU memory
     control_.recordFailure("protocol error: bad control frame (type " + std::to_string(frame_.type) + ", size " +
                            std::to_string(frame_.size) + ")");
     return false;
@@ -148,7 +169,10 @@ ncclResult_t TcpRecvComm::testRequest(RecvRequest* request, int* done, int* size
   *done = 0;
   if (!request->complete()) {
     std::unique_lock<std::mutex> lock(mutex_, std::try_to_lock);
-    if (lock.owns_lock()) pumpControl();
+    if (lock.owns_lock()) {
+      pumpControl();
+      pumpStaging();
+    }
     if (!request->complete()) {
       if (!peerGone()) return ncclSuccess;
       if (!control_.failed()) control_.recordFailure("the sender closed the connection before this receive completed");
@@ -160,9 +184,78 @@ ncclResult_t TcpRecvComm::testRequest(RecvRequest* request, int* done, int* size
   return Ring::finish(*request, sizes);
 }
 
-char* TcpRecvComm::resolveChunk(const ChunkHeader& header) noexcept { return ring_.destination(header); }
+char* TcpRecvComm::resolveChunk(const ChunkHeader& header) noexcept {
+  RecvRequest* entry = ring_.find(header.recvId, header.slot);
+  const bool staged = entry != nullptr && (entry->stagedBuffers.load(std::memory_order_acquire) >> header.slot & 1) != 0;
+  if (staged != ((header.flags & kChunkStaged) != 0)) {
+    if (entry == nullptr) return nullptr;  // the stream reports the chunk that matches nothing
+    control_.recordFailure(staged ? "protocol error: an unstaged chunk for a receive buffer in GPU memory"
+                                  : "protocol error: a staged chunk for a receive buffer in host memory");
+    return nullptr;
+  }
+  char* destination = ring_.destination(header);  // also checks that the chunk fits the buffer
+  if (!staged || destination == nullptr) return destination;
+  return landStagedChunk(entry, header);
+}
 
-void TcpRecvComm::chunkReceived(const ChunkHeader& header) noexcept { ring_.addBytes(header); }
+char* TcpRecvComm::landStagedChunk(RecvRequest*, const ChunkHeader& header) noexcept {
+  uint64_t offset = 0;
+  std::string why;
+  switch (landing_.place(header, &offset, &why)) {
+    case staging::LandingRing::Verdict::kLand:
+      return staging_.slot(0) + offset;
+    case staging::LandingRing::Verdict::kWait:
+      return StreamOwner::retryLater();
+    case staging::LandingRing::Verdict::kReject:
+      break;
+  }
+  control_.recordFailure("protocol error: " + why);
+  return nullptr;
+}
+
+void TcpRecvComm::chunkReceived(const ChunkHeader& header) noexcept {
+  // A staged chunk's bytes are the receive's only once its piece is copied up (pumpStaging).
+  if ((header.flags & kChunkStaged) != 0) {
+    landing_.landed(header);
+  } else {
+    ring_.addBytes(header);
+  }
+}
+
+void TcpRecvComm::pumpStaging() {
+  if (!staging_.ready() || (!landing_.anyLanded() && copyingUp_.empty())) return;
+  std::string why;
+  staging::CopyQueue& copies = staging_.copies();
+  if (!copyingUp_.empty()) {
+    finishedCopies_.clear();
+    if (!copies.poll(&finishedCopies_, &why)) {
+      control_.recordFailure("GPU staging: " + why, FailureKind::kLocal);
+      return;
+    }
+    for (size_t i = 0; i < finishedCopies_.size(); ++i) {
+      const staging::LandingRing::LandedPiece piece = copyingUp_.front();
+      copyingUp_.pop_front();
+      ring_.addBytes(piece.piece);
+      landing_.release(piece.slot);
+    }
+    // Streams that found their piece's slot busy read on now.
+    if (!finishedCopies_.empty()) {
+      for (int s = 0; s < streams_.count(); ++s) streams_[s].resumeReceive();
+    }
+  }
+  landedScratch_.clear();
+  landing_.takeLanded(&landedScratch_, staging_.slots() - copies.inFlight());
+  for (const staging::LandingRing::LandedPiece& piece : landedScratch_) {
+    RecvRequest* entry = ring_.find(piece.piece.recvId, piece.piece.slot);
+    const auto device = reinterpret_cast<cuda::CUdeviceptr>(entry->buffer(piece.piece.slot).data + piece.piece.offset);
+    if (!copies.submit(staging::CopyQueue::Direction::kHostToDevice, staging_.slot(piece.slot), device,
+                       piece.piece.length, static_cast<uint64_t>(piece.slot), &why)) {
+      control_.recordFailure("GPU staging: " + why, FailureKind::kLocal);
+      return;
+    }
+    copyingUp_.push_back(piece);
+  }
+}
 
 void TcpRecvComm::streamFailed(int streamIndex, const char* why, int err, bool endOfStream) noexcept {
   if (endOfStream) {

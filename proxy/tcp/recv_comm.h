@@ -1,14 +1,22 @@
 // The receiving end of a railnet TCP connection. irecv publishes each posted buffer to the sender in a
 // clear-to-send frame; data then arrives inline on the control channel (read by the calling thread) or as
-// self-describing chunks on the data streams (read by helper threads straight into the posted buffer).
+// self-describing chunks on the data streams (read by helper threads straight into the posted buffer). A buffer
+// in GPU memory is announced as staged: its chunks land in the comm's pinned slots (landing ring), and this
+// comm's driving thread copies each finished piece up with the copy engines; the receive completes when the
+// last copy has.
 #pragma once
 
+#include <deque>
+#include <memory>
 #include <mutex>
+#include <vector>
 
 #include "proxy/protocol/control_channel.h"
 #include "proxy/protocol/receive_ring.h"
 #include "proxy/protocol/request_pool.h"
+#include "proxy/staging/landing_ring.h"
 #include "proxy/tcp/data_streams.h"
+#include "proxy/tcp/gpu_staging.h"
 #include "proxy/transport.h"
 
 namespace railnet::tcp {
@@ -16,7 +24,9 @@ namespace railnet::tcp {
 class TcpRecvComm;
 
 class RecvRequest final : public protocol::CommRequest<TcpRecvComm, RecvRequest>, public protocol::PostedReceive {
-  // All its state is the posted receive's (protocol/receive_ring.h).
+ public:
+  // Bit i: buffer i is GPU memory, landed through staging. Set before the clear-to-send leaves.
+  std::atomic<uint8_t> stagedBuffers{0};
 };
 
 class TcpRecvComm final : public RecvComm, private StreamOwner {
@@ -41,12 +51,18 @@ class TcpRecvComm final : public RecvComm, private StreamOwner {
   bool consumeBuffered();
   void finishInline();
   bool peerGone() const;
+  // Copies landed pieces up and completes what they finish. Caller holds mutex_.
+  void pumpStaging();
+  // A chunk for a staged buffer: where in the landing slots, or retryLater() / nullptr (failure recorded).
+  char* landStagedChunk(RecvRequest* entry, const protocol::ChunkHeader& header) noexcept;
 
   char* resolveChunk(const protocol::ChunkHeader& header) noexcept override;
   void chunkReceived(const protocol::ChunkHeader& header) noexcept override;
   void streamFailed(int streamIndex, const char* why, int err, bool endOfStream) noexcept override;
 
   protocol::ControlChannel control_;
+  CommStaging staging_{"receive"};
+  staging::LandingRing landing_;
   DataStreams streams_;
   Ring ring_;                  // posted receives; see receive_ring.h for its threading
   std::mutex mutex_;
@@ -56,6 +72,9 @@ class TcpRecvComm final : public RecvComm, private StreamOwner {
   bool inInline_ = false;
   std::atomic<bool> controlClosed_{false};
   std::atomic<int> openStreams_;
+  std::deque<staging::LandingRing::LandedPiece> copyingUp_;  // guarded by mutex_: in the copy queue, in order
+  std::vector<staging::LandingRing::LandedPiece> landedScratch_;  // guarded
+  std::vector<uint64_t> finishedCopies_;                          // guarded
 };
 
 }  // namespace railnet::tcp

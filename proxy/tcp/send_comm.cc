@@ -4,7 +4,6 @@
 #include <cstring>
 
 #include "proxy/protocol/stripe_plan.h"
-#include "proxy/tcp/host_region.h"
 #include "railnet/error.h"
 #include "railnet/log.h"
 #include "railnet/settings.h"
@@ -14,6 +13,7 @@ namespace railnet::tcp {
 using protocol::ClearToSendQueue;
 using protocol::FrameHeader;
 using protocol::FrameType;
+using protocol::kChunkStaged;
 using protocol::kEndOfStream;
 using protocol::kMaxRecvs;
 using protocol::kMaxStripeNics;
@@ -30,7 +30,9 @@ constexpr uint64_t kStealBacklog = 1 << 20;
 TcpSendComm::TcpSendComm(Fd control, std::vector<Fd> data, const protocol::SocketAddress& peer, NicLayout layout)
     : control_(std::move(control), peer, "send"),
       streams_(std::move(data)),
-      requests_(kSendRequests, [this](SendRequest& request) { request.setOwner(this); }) {
+      requests_(kSendRequests, [this](SendRequest& request) { request.setOwner(this); }),
+      slotChunks_(new std::atomic<int>[static_cast<size_t>(stagingSlots())]()),
+      slotCopying_(static_cast<size_t>(stagingSlots()), false) {
   const Settings& config = settings();
   inlineBytes_ = static_cast<uint64_t>(config.tcpInlineBytes);      // >= 0 (settings table)
   minChunkBytes_ = static_cast<uint64_t>(config.tcpMinChunkBytes);  // >= 4096 (settings table)
@@ -44,7 +46,7 @@ TcpSendComm::TcpSendComm(Fd control, std::vector<Fd> data, const protocol::Socke
 
 TcpSendComm::~TcpSendComm() { streams_.stop(); }
 
-MemoryRegistrar& TcpSendComm::registrar() noexcept { return hostRegistrar(); }
+MemoryRegistrar& TcpSendComm::registrar() noexcept { return staging_; }
 
 void TcpSendComm::pumpControl() {
   if (!control_.flush()) return;
@@ -86,10 +88,12 @@ void TcpSendComm::warnIfStalled(int tag) {
   stallWarned_ = true;
 }
 
-ncclResult_t TcpSendComm::isend(void* data, size_t size, int tag, MemoryRegion*, Request** request) noexcept {
+ncclResult_t TcpSendComm::isend(void* data, size_t size, int tag, MemoryRegion* mr, Request** request) noexcept {
   *request = nullptr;
   std::lock_guard<std::mutex> lock(mutex_);
+  pumpStaging();
   if (control_.failed() || !control_.flush()) return control_.reportFailure();
+  const bool fromGpu = onGpu(mr);
   std::optional<ClearToSendQueue::Destination> found = posted_.claim(tag);
   if (!found) {
     // Only read the socket when what we already hold does not match: one recv() at most per call.
@@ -106,6 +110,8 @@ ncclResult_t TcpSendComm::isend(void* data, size_t size, int tag, MemoryRegion*,
   const uint32_t recvId = found->recvId;
   const int slot = found->slot;
   const uint64_t capacity = found->capacity;
+  // A TCP receiver that lands this buffer in staging (GPU memory) says so with its piece size in the rkey field.
+  const uint64_t stagedPieceBytes = found->rkey;
 
   if (size > capacity) {
     // Tell the receiver too, so both sides fail this message and nothing waits for it.
@@ -115,6 +121,19 @@ ncclResult_t TcpSendComm::isend(void* data, size_t size, int tag, MemoryRegion*,
             tag, control_.peerName().c_str(), static_cast<unsigned long>(capacity));
     return ncclInvalidUsage;
   }
+  if (stagedPieceBytes != 0 && ((stagedPieceBytes & (stagedPieceBytes - 1)) != 0 ||
+                                (fromGpu && stagedPieceBytes > staging_.pieceBytes()))) {
+    RN_WARN("NET/railnet: %s stages GPU memory in pieces of %lu bytes, this process in pieces of %lu: set the same "
+            "RAILNET_TCP_STAGING_PIECE_BYTES (a power of two) on every rank",
+            control_.peerName().c_str(), static_cast<unsigned long>(stagedPieceBytes),
+            static_cast<unsigned long>(stagingPieceBytes()));
+    return ncclInvalidUsage;
+  }
+  if (fromGpu && !staging_.ready()) {
+    RN_WARN("NET/railnet: send of GPU memory %p to %s with a memory handle this comm did not register", data,
+            control_.peerName().c_str());
+    return ncclInvalidUsage;
+  }
   SendRequest* sendRequest = requests_.acquire();
   if (sendRequest == nullptr) {
     RN_WARN("NET/railnet: more than %zu sends in flight to %s", kSendRequests, control_.peerName().c_str());
@@ -122,44 +141,29 @@ ncclResult_t TcpSendComm::isend(void* data, size_t size, int tag, MemoryRegion*,
   }
   sendRequest->size_ = size;
 
-  if (size <= inlineBytes_) {
+  if (size == 0 || (size <= inlineBytes_ && !fromGpu && stagedPieceBytes == 0)) {
     // Inline: the bytes are copied into the control queue, so the send is complete at once.
     FrameHeader header{static_cast<uint8_t>(FrameType::kInline), static_cast<uint8_t>(slot), 0, recvId, size};
     control_.send(&header, sizeof(header), data, size);
     if (NicCounters* counters = control_.counters()) counters->addSent(size);
     sendRequest->pendingChunks_.store(0, std::memory_order_relaxed);
+  } else if (fromGpu || stagedPieceBytes != 0) {
+    sendPieces(sendRequest, static_cast<const char*>(data), size, recvId, slot, fromGpu, stagedPieceBytes);
   } else if (nics_ > 1) {
     sendStriped(sendRequest, static_cast<const char*>(data), size, recvId, slot);
   } else {
-    sendStreamed(sendRequest, static_cast<const char*>(data), size, recvId, slot);
+    const uint64_t chunk = chunkBytesFor(size);
+    sendRequest->pendingChunks_.store(static_cast<int>((size + chunk - 1) / chunk), std::memory_order_relaxed);
+    enqueueChunks(ChunkTemplate{recvId, slot, size, 0, 0, &sendRequest->pendingChunks_, nullptr},
+                  static_cast<const char*>(data), 0, size, chunk, 0, 1);
   }
   *request = sendRequest;
   return ncclSuccess;
 }
 
-void TcpSendComm::sendStreamed(SendRequest* request, const char* data, uint64_t size, uint32_t recvId, int slot) {
-  int streams = streams_.count();
-  uint64_t chunk = protocol::chunkSizeFor(size, std::min(streams, streams_.helpersServing()), minChunkBytes_);
-  int chunks = static_cast<int>((size + chunk - 1) / chunk);
-  request->pendingChunks_.store(chunks, std::memory_order_relaxed);
-  for (int i = 0; i < chunks; ++i) {
-    uint64_t offset = static_cast<uint64_t>(i) * chunk;
-    // Least-queued stream first, starting from a rotating point: a slow stream gets less new work.
-    int best = static_cast<int>(nextStream_++ % static_cast<uint32_t>(streams));
-    for (int k = 1; k < streams; ++k) {
-      int candidate = (best + k) % streams;
-      if (streams_[candidate].queuedBytes() < streams_[best].queuedBytes()) best = candidate;
-    }
-    SendOp op{};
-    op.header.recvId = recvId;
-    op.header.slot = static_cast<uint8_t>(slot);
-    op.header.messageSize = size;
-    op.header.offset = offset;
-    op.header.length = std::min(chunk, size - offset);
-    op.data = data + offset;
-    op.pending = &request->pendingChunks_;
-    streams_[best].enqueue(op);
-  }
+uint64_t TcpSendComm::chunkBytesFor(uint64_t bytes) const {
+  // No more pieces than helpers serve the streams: more would run one after another on one helper.
+  return protocol::chunkSizeFor(bytes, std::min(streams_.count(), streams_.helpersServing()), minChunkBytes_);
 }
 
 void TcpSendComm::sendStriped(SendRequest* request, const char* data, uint64_t size, uint32_t recvId, int slot) {
@@ -177,14 +181,15 @@ void TcpSendComm::sendStriped(SendRequest* request, const char* data, uint64_t s
   }
   // Every chunk is counted before the first is queued: a worker may finish one at once.
   request->pendingChunks_.store(total, std::memory_order_relaxed);
+  const ChunkTemplate what{recvId, slot, size, 0, 0, &request->pendingChunks_, nullptr};
   for (int i = 0; i < count; ++i) {
-    enqueueChunks(request, data, size, stripes[i].offset, stripes[i].bytes, chunkOf[i], stripes[i].nic, nics_,
-                  recvId, slot);
+    enqueueChunks(what, data + stripes[i].offset, stripes[i].offset, stripes[i].bytes, chunkOf[i], stripes[i].nic,
+                  nics_);
   }
 }
 
-void TcpSendComm::enqueueChunks(SendRequest* request, const char* data, uint64_t size, uint64_t offset,
-                                uint64_t bytes, uint64_t chunk, int first, int step, uint32_t recvId, int slot) {
+void TcpSendComm::enqueueChunks(const ChunkTemplate& what, const char* data, uint64_t offset, uint64_t bytes,
+                                uint64_t chunk, int first, int step) {
   const int streams = streams_.count();
   const int candidates = (streams - first + step - 1) / step;
   for (uint64_t done = 0; done < bytes; done += chunk) {
@@ -195,15 +200,100 @@ void TcpSendComm::enqueueChunks(SendRequest* request, const char* data, uint64_t
       if (streams_[candidate].queuedBytes() < streams_[best].queuedBytes()) best = candidate;
     }
     SendOp op{};
-    op.header.recvId = recvId;
-    op.header.slot = static_cast<uint8_t>(slot);
-    op.header.messageSize = size;
+    op.header.recvId = what.recvId;
+    op.header.slot = static_cast<uint8_t>(what.slot);
+    op.header.flags = what.flags;
+    op.header.pieceSeq = what.pieceSeq;
+    op.header.messageSize = what.messageSize;
     op.header.offset = offset + done;
     op.header.length = std::min(chunk, bytes - done);
-    op.data = data + offset + done;
-    op.pending = &request->pendingChunks_;
+    op.data = data + done;
+    op.pending = what.pending;
+    op.slotPending = what.slotPending;
     streams_[best].enqueue(op);
   }
+}
+
+void TcpSendComm::sendPieces(SendRequest* request, const char* data, uint64_t size, uint32_t recvId, int slot,
+                             bool fromGpu, uint64_t stagedPieceBytes) {
+  const uint64_t pieceBytes = stagedPieceBytes != 0 ? stagedPieceBytes : staging_.pieceBytes();
+  int chunks = 0;
+  for (uint64_t offset = 0; offset < size; offset += pieceBytes) {
+    const uint64_t bytes = std::min(pieceBytes, size - offset);
+    const uint64_t chunk = chunkBytesFor(bytes);
+    chunks += static_cast<int>((bytes + chunk - 1) / chunk);
+    pieces_.push_back(Piece{request, data, fromGpu, stagedPieceBytes != 0, size, offset, bytes, recvId, slot});
+  }
+  request->pendingChunks_.store(chunks, std::memory_order_relaxed);
+  pumpStaging();
+}
+
+int TcpSendComm::freeStagingSlot() {
+  const int slots = staging_.slots();
+  for (int k = 1; k <= slots; ++k) {
+    const int candidate = (lastSlot_ + k) % slots;
+    if (!slotCopying_[static_cast<size_t>(candidate)] &&
+        slotChunks_[static_cast<size_t>(candidate)].load(std::memory_order_acquire) == 0) {
+      lastSlot_ = candidate;
+      return candidate;
+    }
+  }
+  return -1;
+}
+
+void TcpSendComm::queuePiece(const Piece& piece, const char* data, std::atomic<int>* slotPending) {
+  const uint64_t chunk = chunkBytesFor(piece.bytes);
+  if (slotPending != nullptr) slotPending->store(static_cast<int>((piece.bytes + chunk - 1) / chunk));
+  ChunkTemplate what{piece.recvId, piece.slot, piece.messageSize, 0, 0, &piece.request->pendingChunks_, slotPending};
+  if (piece.staged) {
+    // Numbered as queued: every stream then carries staged pieces in order, which the receiver's landing ring
+    // relies on (proxy/staging/landing_ring.h).
+    what.flags = kChunkStaged;
+    what.pieceSeq = nextPieceSeq_++;
+  }
+  // Every NIC's streams: pieces are not striped per NIC (the stripe plan is for host messages).
+  enqueueChunks(what, data, piece.offset, piece.bytes, chunk, 0, 1);
+}
+
+void TcpSendComm::pumpStaging() {
+  if (pieces_.empty() && copying_.empty()) return;
+  std::string why;
+  if (!copying_.empty()) {
+    finishedCopies_.clear();
+    if (!staging_.copies().poll(&finishedCopies_, &why)) {
+      control_.recordFailure("GPU staging: " + why, protocol::FailureKind::kLocal);
+      return;
+    }
+    for (size_t i = 0; i < finishedCopies_.size(); ++i) {
+      const CopyingPiece copied = copying_.front();
+      copying_.pop_front();
+      auto* slotPending = &slotChunks_[static_cast<size_t>(copied.stagingSlot)];
+      queuePiece(copied.piece, staging_.slot(copied.stagingSlot), slotPending);
+      slotCopying_[static_cast<size_t>(copied.stagingSlot)] = false;
+    }
+  }
+  while (!pieces_.empty()) {
+    const Piece& piece = pieces_.front();
+    if (!piece.fromGpu) {
+      if (!copying_.empty()) break;  // its number must come after the pieces being copied
+      queuePiece(piece, piece.source + piece.offset, nullptr);
+      pieces_.pop_front();
+      continue;
+    }
+    if (staging_.copies().full()) break;
+    const int stagingSlot = freeStagingSlot();
+    if (stagingSlot < 0) break;
+    const auto device = reinterpret_cast<cuda::CUdeviceptr>(piece.source + piece.offset);
+    if (!staging_.copies().submit(staging::CopyQueue::Direction::kDeviceToHost, staging_.slot(stagingSlot), device,
+                                  piece.bytes, static_cast<uint64_t>(stagingSlot), &why)) {
+      control_.recordFailure("GPU staging: " + why, protocol::FailureKind::kLocal);
+      return;
+    }
+    slotCopying_[static_cast<size_t>(stagingSlot)] = true;
+    copying_.push_back(CopyingPiece{piece, stagingSlot});
+    pieces_.pop_front();
+  }
+  stagingWork_.store(!pieces_.empty() || !copying_.empty(), std::memory_order_release);
 }
 
 ncclResult_t TcpSendComm::testRequest(SendRequest* request, int* done, int* sizes) noexcept {
@@ -216,7 +306,12 @@ ncclResult_t TcpSendComm::testRequest(SendRequest* request, int* done, int* size
     return ncclSuccess;
   }
   // No socket reads here: chunks are written by helper threads, which notice a vanished receiver, and
-  // clear-to-sends are read when isend needs one. Polling stays a pair of atomic loads.
+  // clear-to-sends are read when isend needs one. Polling stays a pair of atomic loads, unless pieces wait for
+  // the copy engines or for a staging slot: then this thread moves them on.
+  if (stagingWork_.load(std::memory_order_acquire)) {
+    std::unique_lock<std::mutex> lock(mutex_, std::try_to_lock);
+    if (lock.owns_lock()) pumpStaging();
+  }
   return control_.failed() ? control_.reportFailure() : ncclSuccess;
 }
 

@@ -1,17 +1,21 @@
 // The sending end of a railnet TCP connection. Receiver-driven: isend waits (returns a NULL request) until
 // the receiver's clear-to-send for a buffer with the same tag has arrived, so every byte has a known home
 // before it leaves. Small messages go inline on the control socket from the calling thread; larger ones
-// are split into chunks that the engine's helper threads write on the data streams.
+// are split into chunks that the engine's helper threads write on the data streams. A message from GPU memory,
+// or to a receiver that lands it in staging, moves in pieces: each GPU piece is copied down into a pinned slot
+// by the copy engines first, and staged pieces are numbered in the order their chunks are queued.
 #pragma once
 
 #include <chrono>
-
+#include <deque>
+#include <memory>
 #include <mutex>
 
 #include "proxy/protocol/clear_to_send.h"
 #include "proxy/protocol/control_channel.h"
 #include "proxy/protocol/request_pool.h"
 #include "proxy/tcp/data_streams.h"
+#include "proxy/tcp/gpu_staging.h"
 #include "proxy/transport.h"
 
 namespace railnet::tcp {
@@ -40,12 +44,43 @@ class TcpSendComm final : public SendComm, private StreamOwner {
   bool parseClearToSends();
   // Reads clear-to-send frames and flushes queued control bytes. Caller holds mutex_.
   void pumpControl();
-  void sendStreamed(SendRequest* request, const char* data, uint64_t size, uint32_t recvId, int slot);
+  // What every chunk of one message (or piece) carries, whichever stream takes it.
+  struct ChunkTemplate {
+    uint32_t recvId;
+    int slot;
+    uint64_t messageSize;
+    uint8_t flags = 0;
+    uint16_t pieceSeq = 0;
+    std::atomic<int>* pending;
+    std::atomic<int>* slotPending = nullptr;
+  };
+  uint64_t chunkBytesFor(uint64_t bytes) const;
   // A fused device's send: planStripes over the NICs, each stripe chunked over its NIC's streams.
   void sendStriped(SendRequest* request, const char* data, uint64_t size, uint32_t recvId, int slot);
-  // Queues [offset, offset + bytes) of the message on the least-queued of streams first, first + step, ...
-  void enqueueChunks(SendRequest* request, const char* data, uint64_t size, uint64_t offset, uint64_t bytes,
-                     uint64_t chunk, int first, int step, uint32_t recvId, int slot);
+  // Queues bytes [offset, offset + bytes) of the message, found at `data`, in chunks of `chunk` on the
+  // least-queued of streams first, first + step, ...
+  void enqueueChunks(const ChunkTemplate& what, const char* data, uint64_t offset, uint64_t bytes, uint64_t chunk,
+                     int first, int step);
+
+  // ---- pieces (GPU memory at either end); caller holds mutex_ ----
+  struct Piece {
+    SendRequest* request;
+    const char* source;  // the message's first byte (GPU or host)
+    bool fromGpu;
+    bool staged;         // the receiver lands it in staging: numbered chunks
+    uint64_t messageSize;
+    uint64_t offset;
+    uint64_t bytes;
+    uint32_t recvId;
+    int slot;
+  };
+  // Splits the message into pieces of `pieceBytes` and starts what it can; the request's chunk count is set.
+  void sendPieces(SendRequest* request, const char* data, uint64_t size, uint32_t recvId, int slot, bool fromGpu,
+                  uint64_t stagedPieceBytes);
+  // Hands finished copies' pieces to the streams and starts copies into free slots, in piece order.
+  void pumpStaging();
+  void queuePiece(const Piece& piece, const char* data, std::atomic<int>* slotPending);
+  int freeStagingSlot();
   void warnIfStalled(int tag);
 
   char* resolveChunk(const ChunkHeader& header) noexcept override;
@@ -54,6 +89,7 @@ class TcpSendComm final : public SendComm, private StreamOwner {
   bool stealChunk(int thief, SendOp* out) noexcept override;
 
   protocol::ControlChannel control_;
+  CommStaging staging_{"send"};
   DataStreams streams_;
   uint64_t inlineBytes_;
   uint64_t minChunkBytes_;
@@ -67,6 +103,19 @@ class TcpSendComm final : public SendComm, private StreamOwner {
   uint64_t stripedMessages_ = 0;  // guarded by mutex_; planStripes' round-robin sequence
   std::chrono::steady_clock::time_point stalledSince_{};
   bool stallWarned_ = false;
+
+  std::deque<Piece> pieces_;  // guarded by mutex_: not yet started, in order
+  struct CopyingPiece {
+    Piece piece;
+    int stagingSlot;
+  };
+  std::deque<CopyingPiece> copying_;  // guarded: in the copy queue, in submission order
+  std::unique_ptr<std::atomic<int>[]> slotChunks_;  // per staging slot: its chunks not yet written
+  std::vector<bool> slotCopying_;                   // guarded
+  int lastSlot_ = 0;                                // guarded
+  uint16_t nextPieceSeq_ = 0;                       // guarded
+  std::vector<uint64_t> finishedCopies_;            // guarded; poll's scratch
+  std::atomic<bool> stagingWork_{false};            // pieces_ or copying_ hold something
 };
 
 }  // namespace railnet::tcp

@@ -183,6 +183,7 @@ uint64_t Stream::progressSend() {
       if (sentOfFront_ < total) break;
       queuedBytes_.fetch_sub(front.header.length, std::memory_order_relaxed);
       if (counters_ != nullptr) counters_->addSent(front.header.length);
+      if (front.slotPending != nullptr) front.slotPending->fetch_sub(1, std::memory_order_release);
       front.pending->fetch_sub(1, std::memory_order_release);
       ++telemetry_.chunksSent;
       sending_.pop_front();
@@ -192,10 +193,21 @@ uint64_t Stream::progressSend() {
   return moved;
 }
 
+char* StreamOwner::retryLater() noexcept {
+  static char marker;
+  return &marker;
+}
+
 bool Stream::startChunk() {
   memcpy(&incoming_, nextHeader_, sizeof(ChunkHeader));
   headerBytes_ = 0;
+  return resolveIncoming();
+}
+
+bool Stream::resolveIncoming() {
   destination_ = owner_->resolveChunk(incoming_);
+  awaitingDestination_ = destination_ == StreamOwner::retryLater();
+  if (awaitingDestination_) return true;
   if (destination_ == nullptr) {
     fail("received a chunk that matches no posted receive", 0, false);
     return false;
@@ -215,7 +227,8 @@ void Stream::finishChunk() {
 
 uint64_t Stream::progressReceive() {
   uint64_t moved = 0;
-  while (readable_ && moved < passBytes_) {
+  if (awaitingDestination_ && !resolveIncoming()) return 0;
+  while (readable_ && moved < passBytes_ && !awaitingDestination_) {
     // The next chunk's header rides along with this payload's tail: one recvmsg per chunk, not two.
     iovec iov[2];
     int count = 0;

@@ -25,8 +25,11 @@ struct SendOp;
 // Implemented by the comm that owns the streams. Called on helper threads.
 class StreamOwner {
  public:
-  // Where the payload of `header` goes; nullptr rejects the chunk (the owner records why).
+  // Where the payload of `header` goes; nullptr rejects the chunk (the owner records why); retryLater() leaves
+  // it at the head of its stream, unread, until the owner calls Stream::resumeReceive() (its staging slot is
+  // still busy).
   virtual char* resolveChunk(const ChunkHeader& header) noexcept = 0;
+  static char* retryLater() noexcept;
   virtual void chunkReceived(const ChunkHeader& header) noexcept = 0;
   // The stream hit end-of-stream (endOfStream) or an error (err: its errno, 0 for a protocol error); no more
   // callbacks follow for it.
@@ -44,6 +47,7 @@ struct SendOp {
   ChunkHeader header;
   const char* data;
   std::atomic<int>* pending;  // the request's chunks left; decremented once this chunk is in the kernel
+  std::atomic<int>* slotPending = nullptr;  // chunks left in the staging slot `data` points into, if any
 };
 
 // What a data stream's helper did: counted in plain fields by that helper alone (no shared cache line on the
@@ -70,6 +74,8 @@ class Stream final : public progress::EventSource {
   uint64_t queuedBytes() const { return queuedBytes_.load(std::memory_order_relaxed); }
   // Sender side, any thread: queue a chunk and wake the helper.
   void enqueue(const SendOp& op);
+  // Receiver side, any thread: a chunk this stream was told to retry later may have a destination now.
+  void resumeReceive() { wake(); }
   // Any helper: moves the oldest queued chunk to *out (for an idle sibling) if one more stays queued behind it.
   bool giveQueuedChunk(SendOp* out);
 
@@ -88,8 +94,11 @@ class Stream final : public progress::EventSource {
   bool refill(uint64_t budget);
   uint64_t progressSend();
   uint64_t progressReceive();
-  // A whole header sits in nextHeader_: resolve its destination; false once the stream has failed.
+  // A whole header sits in nextHeader_: take it and resolve its destination; false once the stream has failed.
   bool startChunk();
+  // Asks the owner where incoming_'s payload goes; false once the stream has failed (awaitingDestination_ set
+  // while the owner says "later").
+  bool resolveIncoming();
   void finishChunk();
   void fail(const char* why, int err, bool endOfStream);
 
@@ -113,6 +122,7 @@ class Stream final : public progress::EventSource {
   char* destination_ = nullptr;
   uint64_t payloadLeft_ = 0;
   bool inPayload_ = false;
+  bool awaitingDestination_ = false;  // incoming_ was told to retry later: nothing more is read until it lands
   bool readable_ = true;
   bool writable_ = true;
   StreamTelemetry telemetry_;

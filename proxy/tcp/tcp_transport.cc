@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "proxy/tcp/addresses.h"
+#include "proxy/tcp/gpu_staging.h"
 #include "proxy/protocol/handshake.h"
 #include "proxy/tcp/recv_comm.h"
 #include "proxy/tcp/send_comm.h"
@@ -44,13 +45,19 @@ class TcpTransport final : public Transport {
     if (interfaces.empty()) {
       fail(ncclSystemError, "NET/railnet: no usable network interface (RAILNET_IFNAME=\"%s\")", config.ifname.c_str());
     }
+    // GPU memory goes through copy-engine staging (proxy/tcp/gpu_staging.h), on every interface alike.
+    std::string gpuWhy;
+    const int ptrSupport = NCCL_PTR_HOST | (tcpGpuUsable(&gpuWhy) ? NCCL_PTR_CUDA : 0);
+    RN_INFO(NCCL_INIT | NCCL_NET, "NET/railnet: TCP transport takes %s%s%s", ptrSupport & NCCL_PTR_CUDA
+            ? "host and GPU memory (GPU through copy-engine staging)" : "host memory only", gpuWhy.empty() ? "" : ": ",
+            gpuWhy.c_str());
     for (size_t i = 0; i < interfaces.size(); ++i) {
       const topo::NetInterface& netif = interfaces[i];
       DeviceInfo info;
       info.name = netif.name;
       info.pciPath = netif.pciPath;
       info.guid = i;
-      info.ptrSupport = NCCL_PTR_HOST;
+      info.ptrSupport = ptrSupport;
       info.speedMbps = config.tcpSpeedMbps > 0 ? static_cast<int>(config.tcpSpeedMbps)
                        : netif.speedMbps > 0   ? netif.speedMbps
                        : netif.loopback        ? kLoopbackSpeedMbps
@@ -87,6 +94,8 @@ class TcpTransport final : public Transport {
     std::lock_guard<std::mutex> lock(mutex_);
     return devices_[checked(dev)];  // a deque: references stay valid as virtual devices are added
   }
+
+  bool stagesGpuMemoryInHost() const noexcept override { return (devices_.front().ptrSupport & NCCL_PTR_CUDA) != 0; }
 
   void place(int dev, const std::string& pciPath, int16_t railId) override {
     std::lock_guard<std::mutex> lock(mutex_);

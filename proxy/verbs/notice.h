@@ -7,7 +7,7 @@
 namespace railnet::verbs {
 
 constexpr uint32_t kEagerBytes = 224;  // notice buffers are 256 bytes
-constexpr uint8_t kPayloadFollows = 1;  // in ChunkHeader::reserved[0]
+constexpr uint8_t kPayloadFollows = 1;  // in ChunkHeader::flags
 
 struct Notice {
   protocol::ChunkHeader header;
@@ -15,6 +15,6 @@ struct Notice {
 };
 static_assert(sizeof(Notice) == 256);
 
-inline bool carriesPayload(const protocol::ChunkHeader& header) { return (header.reserved[0] & kPayloadFollows) != 0; }
+inline bool carriesPayload(const protocol::ChunkHeader& header) { return (header.flags & kPayloadFollows) != 0; }
 
 }  // namespace railnet::verbs

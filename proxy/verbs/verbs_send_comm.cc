@@ -89,7 +89,7 @@ bool VerbsSendComm::postEager(VerbsSendRequest* request, int path, const char* d
   header = {};
   header.recvId = destination.recvId;
   header.slot = static_cast<uint8_t>(destination.slot);
-  header.reserved[0] = kPayloadFollows;
+  header.flags = kPayloadFollows;
   header.messageSize = size;
   header.length = size;
   ibv_sge sges[2] = {{reinterpret_cast<uint64_t>(&header), sizeof(header), eagerRegion_->nic(nic).lkey()},

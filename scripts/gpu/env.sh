@@ -8,7 +8,8 @@ if [ -z "${NCCL_LIB_DIR:-}" ]; then
   NCCL_LIB_DIR=$(python3 -c 'import nvidia.nccl, os; print(os.path.join(list(nvidia.nccl.__path__)[0], "lib"))' \
                  2>/dev/null || echo /usr/lib/x86_64-linux-gnu)
 fi
-RANKS=${RANKS:-$(nvidia-smi -L | wc -l)}
+GPUS=$(nvidia-smi -L | wc -l)
+RANKS=${RANKS:-$GPUS}
 export NCCL_NVLS_ENABLE=0          # required on the shared GPU machines
 export NCCL_SOCKET_IFNAME=${NCCL_SOCKET_IFNAME:-lo}
 export RAILNET_IFNAME=${RAILNET_IFNAME:-lo}
@@ -27,8 +28,10 @@ mpirun_ranks() {
       # Several ranks per fake host: rank r uses GPU r mod ranks-per-host (nccl-tests counts local ranks by real
       # hostname, so it must be told), and a {rank} in NCCL_DEBUG_FILE names each rank'"'"'s log.
       [ "$1" -gt 1 ] && export NCCL_TESTS_DEVICE=$((OMPI_COMM_WORLD_RANK % $1))
+      # One GPU: every rank on it (their kernels time-slice: correctness only, no timings).
+      [ "$2" -eq 1 ] && export NCCL_TESTS_DEVICE=0
       [ -n "${NCCL_DEBUG_FILE:-}" ] && export NCCL_DEBUG_FILE=${NCCL_DEBUG_FILE//\{rank\}/$OMPI_COMM_WORLD_RANK}
-      shift; exec "$@"' _ "${RANKS_PER_HOST:-1}" "$@"
+      shift 2; exec "$@"' _ "${RANKS_PER_HOST:-1}" "$GPUS" "$@"
 }
 
 # Environment that selects a transport: railnet, socket (NCCL default), socket4x4 (NCCL at its best tuning).

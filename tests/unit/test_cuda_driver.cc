@@ -16,7 +16,8 @@ namespace {
 
 // The value of `NAME = value` in an enum of cuda.h, or -1 when the header or the name is not there.
 long long headerValue(const std::string& header, const std::string& name) {
-  std::regex pattern("\\b" + name + "\\s*=\\s*(0x[0-9a-fA-F]+|[0-9]+)");
+  // Enumerators ("NAME = value") and macros ("#define NAME value").
+  std::regex pattern("(?:\\b" + name + "\\s*=\\s*|#define\\s+" + name + "\\s+)(0x[0-9a-fA-F]+|[0-9]+)");
   std::smatch match;
   if (!std::regex_search(header, match, pattern)) return -1;
   return std::stoll(match[1].str(), nullptr, 0);
@@ -48,6 +49,11 @@ TEST_CASE("cuda_driver: declared constants match cuda.h when the header is insta
   CHECK(headerValue(header, "CUDA_ERROR_NO_DEVICE") == CUDA_ERROR_NO_DEVICE);
   CHECK(headerValue(header, "CUDA_ERROR_INVALID_CONTEXT") == CUDA_ERROR_INVALID_CONTEXT);
   CHECK(headerValue(header, "CUDA_ERROR_NOT_SUPPORTED") == CUDA_ERROR_NOT_SUPPORTED);
+  CHECK(headerValue(header, "CUDA_ERROR_NOT_READY") == CUDA_ERROR_NOT_READY);
+  CHECK(headerValue(header, "CU_STREAM_NON_BLOCKING") == static_cast<long long>(CU_STREAM_NON_BLOCKING));
+  CHECK(headerValue(header, "CU_EVENT_DISABLE_TIMING") == static_cast<long long>(CU_EVENT_DISABLE_TIMING));
+  CHECK(headerValue(header, "CU_MEMHOSTREGISTER_PORTABLE") == static_cast<long long>(CU_MEMHOSTREGISTER_PORTABLE));
+  CHECK(headerValue(header, "CU_MEMHOSTALLOC_PORTABLE") == static_cast<long long>(CU_MEMHOSTALLOC_PORTABLE));
   CHECK(headerValue(header, "CU_DEVICE_ATTRIBUTE_PCI_BUS_ID") == CU_DEVICE_ATTRIBUTE_PCI_BUS_ID);
   CHECK(headerValue(header, "CU_DEVICE_ATTRIBUTE_PCI_DEVICE_ID") == CU_DEVICE_ATTRIBUTE_PCI_DEVICE_ID);
   CHECK(headerValue(header, "CU_DEVICE_ATTRIBUTE_PCI_DOMAIN_ID") == CU_DEVICE_ATTRIBUTE_PCI_DOMAIN_ID);

@@ -1,0 +1,146 @@
+#include "proxy/staging/copy_queue.h"
+
+#include "railnet/error.h"
+#include "railnet/log.h"
+
+namespace railnet::staging {
+
+using cuda::CUDA_ERROR_NOT_READY;
+using cuda::CUDA_SUCCESS;
+using cuda::CUresult;
+
+// ---- DeviceContext ------------------------------------------------------------------------------------------
+
+DeviceContext::DeviceContext(const cuda::DriverApi& cuda, const void* pointer) : cuda_(cuda) {
+  const auto address = reinterpret_cast<cuda::CUdeviceptr>(pointer);
+  unsigned memoryType = 0;
+  CUresult result = cuda_.cuPointerGetAttribute(&memoryType, cuda::CU_POINTER_ATTRIBUTE_MEMORY_TYPE, address);
+  if (result != CUDA_SUCCESS || memoryType != cuda::CU_MEMORYTYPE_DEVICE) {
+    fail(ncclInvalidArgument, "NET/railnet: %p registered as CUDA memory is not device memory (%s)", pointer,
+         result != CUDA_SUCCESS ? cuda_.errorText(result).c_str() : "memory type is not DEVICE");
+  }
+  cuda::CUcontext owner = nullptr;
+  result = cuda_.cuPointerGetAttribute(&owner, cuda::CU_POINTER_ATTRIBUTE_CONTEXT, address);
+  if (result == CUDA_SUCCESS) result = cuda_.cuPointerGetAttribute(&device_, cuda::CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, address);
+  if (result != CUDA_SUCCESS) {
+    fail(ncclInvalidArgument, "NET/railnet: cannot tell the context of CUDA memory %p: %s", pointer,
+         cuda_.errorText(result).c_str());
+  }
+  cuda::CUcontext primary = nullptr;
+  if (cuda_.cuDevicePrimaryCtxRetain(&primary, device_) == CUDA_SUCCESS) {
+    if (owner == nullptr || owner == primary) {
+      context_ = primary;
+      retainedPrimary_ = true;
+      return;
+    }
+    cuda_.cuDevicePrimaryCtxRelease(device_);
+  }
+  if (owner == nullptr) fail(ncclInvalidArgument, "NET/railnet: CUDA memory %p has no context", pointer);
+  context_ = owner;  // an application-made context: it lives as long as the buffers in it
+}
+
+DeviceContext::~DeviceContext() {
+  if (retainedPrimary_) cuda_.cuDevicePrimaryCtxRelease(device_);
+}
+
+std::string DeviceContext::pciBusId() const {
+  char busId[32] = {};
+  cuda::CUdevice device = 0;
+  if (cuda_.cuDeviceGet(&device, device_) != CUDA_SUCCESS ||
+      cuda_.cuDeviceGetPCIBusId(busId, sizeof(busId), device) != CUDA_SUCCESS) {
+    return {};
+  }
+  return busId;
+}
+
+bool DeviceContext::owns(const void* pointer) const {
+  const auto address = reinterpret_cast<cuda::CUdeviceptr>(pointer);
+  unsigned memoryType = 0;
+  int device = -1;
+  return cuda_.cuPointerGetAttribute(&memoryType, cuda::CU_POINTER_ATTRIBUTE_MEMORY_TYPE, address) == CUDA_SUCCESS &&
+         memoryType == cuda::CU_MEMORYTYPE_DEVICE &&
+         cuda_.cuPointerGetAttribute(&device, cuda::CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, address) == CUDA_SUCCESS &&
+         device == device_;
+}
+
+// ---- ContextScope -------------------------------------------------------------------------------------------
+
+ContextScope::ContextScope(const cuda::DriverApi& cuda, cuda::CUcontext context) : cuda_(cuda) {
+  ok_ = cuda_.cuCtxPushCurrent(context) == CUDA_SUCCESS;
+}
+
+ContextScope::~ContextScope() {
+  if (!ok_) return;
+  cuda::CUcontext popped = nullptr;
+  cuda_.cuCtxPopCurrent(&popped);
+}
+
+// ---- CopyQueue ----------------------------------------------------------------------------------------------
+
+CopyQueue::CopyQueue(const cuda::DriverApi& cuda, cuda::CUcontext context, int depth)
+    : cuda_(cuda), context_(context), events_(static_cast<size_t>(depth), nullptr), cookies_(static_cast<size_t>(depth)) {
+  ContextScope scope(cuda_, context_);
+  CUresult result = scope.ok() ? cuda_.cuStreamCreate(&stream_, cuda::CU_STREAM_NON_BLOCKING) : cuda::CUDA_ERROR_INVALID_CONTEXT;
+  for (size_t i = 0; result == CUDA_SUCCESS && i < events_.size(); ++i) {
+    result = cuda_.cuEventCreate(&events_[i], cuda::CU_EVENT_DISABLE_TIMING);
+  }
+  if (result != CUDA_SUCCESS) {
+    for (cuda::CUevent event : events_) {
+      if (event != nullptr) cuda_.cuEventDestroy(event);
+    }
+    if (stream_ != nullptr) cuda_.cuStreamDestroy(stream_);
+    fail(ncclSystemError, "NET/railnet: cannot create a copy stream and %d events: %s", depth,
+         cuda_.errorText(result).c_str());
+  }
+}
+
+CopyQueue::~CopyQueue() {
+  ContextScope scope(cuda_, context_);
+  if (!scope.ok()) return;  // the context is gone, and with it the stream and events
+  cuda_.cuStreamSynchronize(stream_);
+  for (cuda::CUevent event : events_) cuda_.cuEventDestroy(event);
+  cuda_.cuStreamDestroy(stream_);
+}
+
+bool CopyQueue::submit(Direction direction, void* host, cuda::CUdeviceptr device, size_t bytes, uint64_t cookie,
+                       std::string* why) {
+  ContextScope scope(cuda_, context_);
+  const size_t slot = static_cast<size_t>((head_ + inFlight_) % static_cast<int>(events_.size()));
+  CUresult result = scope.ok() ? CUDA_SUCCESS : cuda::CUDA_ERROR_INVALID_CONTEXT;
+  if (result == CUDA_SUCCESS) {
+    result = direction == Direction::kDeviceToHost ? cuda_.cuMemcpyDtoHAsync(host, device, bytes, stream_)
+                                                   : cuda_.cuMemcpyHtoDAsync(device, host, bytes, stream_);
+  }
+  if (result == CUDA_SUCCESS) result = cuda_.cuEventRecord(events_[slot], stream_);
+  if (result != CUDA_SUCCESS) {
+    *why = std::string(direction == Direction::kDeviceToHost ? "device-to-host" : "host-to-device") + " copy of " +
+           std::to_string(bytes) + " bytes: " + cuda_.errorText(result);
+    return false;
+  }
+  cookies_[slot] = cookie;
+  ++inFlight_;
+  return true;
+}
+
+bool CopyQueue::poll(std::vector<uint64_t>* done, std::string* why) {
+  if (inFlight_ == 0) return true;
+  ContextScope scope(cuda_, context_);
+  if (!scope.ok()) {
+    *why = "cannot enter the CUDA context of the comm's GPU buffers";
+    return false;
+  }
+  while (inFlight_ > 0) {
+    const CUresult result = cuda_.cuEventQuery(events_[static_cast<size_t>(head_)]);
+    if (result == CUDA_ERROR_NOT_READY) break;
+    if (result != CUDA_SUCCESS) {
+      *why = "copy engine: " + cuda_.errorText(result);
+      return false;
+    }
+    done->push_back(cookies_[static_cast<size_t>(head_)]);
+    head_ = (head_ + 1) % static_cast<int>(events_.size());
+    --inFlight_;
+  }
+  return true;
+}
+
+}  // namespace railnet::staging

@@ -1,0 +1,84 @@
+// Copy-engine work of one comm: a CUDA stream on the context that owns the comm's GPU buffers, and a ring of
+// events that tells, in submission order, which copies have finished. Polled (cuEventQuery) from the thread that
+// drives the comm (NCCL's proxy thread, in isend/irecv/test): no thread ever blocks on a copy, and no CUDA call
+// runs on the TCP helper threads, which hold no context. Every call enters the context and leaves the calling
+// thread's own current context as it was.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "base/cuda_driver.h"
+
+namespace railnet::staging {
+
+// The context a GPU buffer lives in, kept alive for as long as the comm uses it: the device's primary context
+// (retained, as the CUDA runtime and NCCL use it), or the buffer's own context when the application made another.
+class DeviceContext {
+ public:
+  // Throws railnet::Error (ncclInvalidArgument) when `pointer` is not device memory of this process.
+  DeviceContext(const cuda::DriverApi& cuda, const void* pointer);
+  ~DeviceContext();
+  DeviceContext(const DeviceContext&) = delete;
+  DeviceContext& operator=(const DeviceContext&) = delete;
+
+  cuda::CUcontext context() const { return context_; }
+  int device() const { return device_; }
+  std::string pciBusId() const;
+  // True when `pointer` is device memory in this context (what regMr of another buffer of the comm must match).
+  bool owns(const void* pointer) const;
+
+ private:
+  const cuda::DriverApi& cuda_;
+  cuda::CUcontext context_ = nullptr;
+  int device_ = -1;
+  bool retainedPrimary_ = false;
+};
+
+// Makes `context` current on this thread for the scope, then restores what was current.
+class ContextScope {
+ public:
+  ContextScope(const cuda::DriverApi& cuda, cuda::CUcontext context);
+  ~ContextScope();
+  ContextScope(const ContextScope&) = delete;
+  ContextScope& operator=(const ContextScope&) = delete;
+  bool ok() const { return ok_; }
+
+ private:
+  const cuda::DriverApi& cuda_;
+  bool ok_ = false;
+};
+
+class CopyQueue {
+ public:
+  enum class Direction { kDeviceToHost, kHostToDevice };
+
+  // A non-blocking stream and `depth` events in `context`. Throws railnet::Error (ncclSystemError) on failure.
+  CopyQueue(const cuda::DriverApi& cuda, cuda::CUcontext context, int depth);
+  // Waits for the copies still in flight (their buffers must outlive them), then frees the stream and events.
+  ~CopyQueue();
+  CopyQueue(const CopyQueue&) = delete;
+  CopyQueue& operator=(const CopyQueue&) = delete;
+
+  bool full() const { return inFlight_ == static_cast<int>(events_.size()); }
+  int inFlight() const { return inFlight_; }
+
+  // Queues one copy; `cookie` is handed back by poll() once it has finished. Call only when !full(). False with
+  // *why on a CUDA error (the queue is then unusable: the comm fails).
+  bool submit(Direction direction, void* host, cuda::CUdeviceptr device, size_t bytes, uint64_t cookie,
+              std::string* why);
+  // Finished copies, oldest first, into *done (appended); false with *why on a CUDA error.
+  bool poll(std::vector<uint64_t>* done, std::string* why);
+
+ private:
+  const cuda::DriverApi& cuda_;
+  cuda::CUcontext context_;
+  cuda::CUstream stream_ = nullptr;
+  std::vector<cuda::CUevent> events_;
+  std::vector<uint64_t> cookies_;
+  int head_ = 0;  // oldest copy in flight
+  int inFlight_ = 0;
+};
+
+}  // namespace railnet::staging
