@@ -6,8 +6,11 @@ PLUGIN=$(realpath "$1"); OUT=$2
 here=$(dirname "$(realpath "$0")")
 mkdir -p "$OUT"
 export NCCL_NVLS_ENABLE=0 NCCL_SOCKET_IFNAME=lo RAILNET_IFNAME=lo
+# One rank per GPU, at least two (on a one-GPU machine both share it: correctness, not speed).
+ranks=$(nvidia-smi -L | wc -l)
+[ "$ranks" -lt 2 ] && ranks=2
 launch() {
-  python3 -m torch.distributed.run --nproc_per_node="$(nvidia-smi -L | wc -l)" --master_port=29533 \
+  python3 -m torch.distributed.run --nproc_per_node="$ranks" --master_port=29533 \
     "$here/torch_check.py" --out "$1"
 }
 NCCL_NET_PLUGIN="$PLUGIN" NCCL_NET=railnet NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT launch "$OUT/losses-railnet.json" \

@@ -81,9 +81,10 @@ def main():
     parser.add_argument("--out", required=True)
     parser.add_argument("--steps", type=int, default=300)
     args = parser.parse_args()
-    local_rank = int(os.environ["LOCAL_RANK"])
-    torch.cuda.set_device(local_rank)
-    device = torch.device("cuda", local_rank)
+    # One GPU per rank when there are enough; on a one-GPU machine both ranks share it (correctness only).
+    gpu = int(os.environ["LOCAL_RANK"]) % torch.cuda.device_count()
+    torch.cuda.set_device(gpu)
+    device = torch.device("cuda", gpu)
     dist.init_process_group("nccl", device_id=device)
     rank, world = dist.get_rank(), dist.get_world_size()
     check_collectives(device, rank, world)

@@ -137,6 +137,94 @@ TEST_CASE("a receiving stream reassembles chunks however the bytes are split, he
   CHECK(owner.buffer == expected);
 }
 
+TEST_CASE("a chunk told to retry later stays unread, with everything behind it, until the stream is resumed",
+          "[engine]") {
+  // The receive side of GPU staging: a chunk whose staging slot is busy must not be read (its bytes would have
+  // nowhere to go) and must not let later chunks overtake it; resumeReceive() lets the stream read on.
+  class HoldingOwner final : public StreamOwner {
+   public:
+    explicit HoldingOwner(size_t bytes) : buffer(bytes, 0) {}
+    char* resolveChunk(const railnet::protocol::ChunkHeader& header) noexcept override {
+      if (header.offset == heldOffset && holding.load()) {
+        asked.fetch_add(1);
+        return retryLater();
+      }
+      return buffer.data() + header.offset;
+    }
+    void chunkReceived(const railnet::protocol::ChunkHeader& header) noexcept override {
+      std::lock_guard<std::mutex> lock(mutex);
+      completed.push_back(header.offset);
+    }
+    void streamFailed(int, const char* why, int, bool) noexcept override {
+      std::lock_guard<std::mutex> lock(mutex);
+      failure = why;
+    }
+    size_t completedCount() {
+      std::lock_guard<std::mutex> lock(mutex);
+      return completed.size();
+    }
+    std::vector<char> buffer;
+    uint64_t heldOffset = 0;
+    std::atomic<bool> holding{true};
+    std::atomic<int> asked{0};
+    std::mutex mutex;
+    std::vector<uint64_t> completed;
+    std::string failure;
+  };
+  constexpr uint64_t kChunk = 50000;
+  constexpr int kChunks = 4;
+  std::vector<char> expected(kChunk * kChunks);
+  for (size_t i = 0; i < expected.size(); ++i) expected[i] = static_cast<char>(i * 7 + 3);
+  std::vector<char> wire;
+  for (uint64_t c = 0; c < kChunks; ++c) {
+    railnet::protocol::ChunkHeader header{};
+    header.messageSize = expected.size();
+    header.offset = c * kChunk;
+    header.length = kChunk;
+    const char* raw = reinterpret_cast<const char*>(&header);
+    wire.insert(wire.end(), raw, raw + sizeof(header));
+    wire.insert(wire.end(), expected.begin() + static_cast<long>(c * kChunk),
+                expected.begin() + static_cast<long>((c + 1) * kChunk));
+  }
+  int fds[2];
+  REQUIRE(socketpair(AF_UNIX, SOCK_STREAM, 0, fds) == 0);
+  Fd writer(fds[1]);
+  REQUIRE(fcntl(fds[0], F_SETFL, O_NONBLOCK) == 0);
+  HoldingOwner owner(expected.size());
+  owner.heldOffset = kChunk;  // the second chunk
+  Stream stream{Fd(fds[0]), &owner, 0};
+  std::shared_ptr<Engine> engine = Engine::acquire();
+  engine->attach(&stream);
+  // A writer thread: the socket buffer may hold less than the whole wire while the stream is held.
+  std::thread writing([&] {
+    size_t written = 0;
+    while (written < wire.size()) {
+      const ssize_t n = write(writer.get(), wire.data() + written, wire.size() - written);
+      if (n <= 0) break;
+      written += static_cast<size_t>(n);
+    }
+  });
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  while (owner.asked.load() == 0 && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  REQUIRE(owner.asked.load() > 0);
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));  // the helper would read on now if it could
+  CHECK(owner.completedCount() == 1);  // only the first chunk; nothing overtook the held one
+  owner.holding.store(false);
+  stream.resumeReceive();
+  while (owner.completedCount() < kChunks && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  writing.join();
+  engine->detach(&stream);
+  std::lock_guard<std::mutex> lock(owner.mutex);
+  CHECK(owner.failure.empty());
+  REQUIRE(owner.completed.size() == kChunks);
+  for (uint64_t c = 0; c < kChunks; ++c) CHECK(owner.completed[c] == c * kChunk);
+  CHECK(owner.buffer == expected);
+}
+
 TEST_CASE("streams spread over the least-loaded helpers and both ends of a connection share one", "[engine]") {
   std::shared_ptr<Engine> engine = Engine::acquire();
   std::vector<std::unique_ptr<KeyedSource>> sources;
