@@ -134,6 +134,8 @@ bool loadDriverFrom(const char* library, DriverApi* api, std::string* why) {
   resolve.require(&api->cuCtxGetCurrent, "cuCtxGetCurrent", 4000);
   resolve.require(&api->cuCtxSetCurrent, "cuCtxSetCurrent", 4000);
   resolve.require(&api->cuDevicePrimaryCtxRetain, "cuDevicePrimaryCtxRetain", 7000);
+  resolve.require(&api->cuCtxCreate, "cuCtxCreate", 3020);
+  resolve.require(&api->cuCtxDestroy, "cuCtxDestroy", 4000);
   resolve.require(&api->cuDevicePrimaryCtxRelease, "cuDevicePrimaryCtxRelease", 11000);
   resolve.require(&api->cuStreamCreate, "cuStreamCreate", 2000);
   resolve.require(&api->cuStreamDestroy, "cuStreamDestroy", 4000);

@@ -80,6 +80,8 @@ struct DriverApi {
   CUresult (*cuCtxGetCurrent)(CUcontext* context) = nullptr;
   CUresult (*cuCtxSetCurrent)(CUcontext context) = nullptr;
   CUresult (*cuDevicePrimaryCtxRetain)(CUcontext* context, CUdevice device) = nullptr;
+  CUresult (*cuCtxCreate)(CUcontext* context, unsigned int flags, CUdevice device) = nullptr;  // cuCtxCreate_v2
+  CUresult (*cuCtxDestroy)(CUcontext context) = nullptr;
   CUresult (*cuDevicePrimaryCtxRelease)(CUdevice device) = nullptr;
   CUresult (*cuStreamCreate)(CUstream* stream, unsigned int flags) = nullptr;
   CUresult (*cuStreamDestroy)(CUstream stream) = nullptr;

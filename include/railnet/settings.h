@@ -126,12 +126,12 @@ inline constexpr int64_t kSizeMax = INT64_MAX;
     "filled it (NCCL_TUNER_PLUGIN=none turns off any tuner).")                                                   \
   X(String, tunerFile, "RAILNET_TUNER_FILE", "", (),                                                             \
     "Calibration CSV for the tuner (NCCL's example tuner format plus time_us, busbw_gbs, chunk_bytes; see "      \
-    "docs/tuner.md). Empty: the model alone. A missing or bad file is logged and ignored.")                      \
-  X(Enum, tunerModel, "RAILNET_TUNER_MODEL", true,                                                               \
+    "docs/tuner.md). Empty: NCCL's choices stand. A missing or bad file is logged and ignored.")                 \
+  X(Enum, tunerModel, "RAILNET_TUNER_MODEL", false,                                                              \
     (bool, {"on", true}, {"off", false}, {"1", true}, {"0", false}, {"yes", true}, {"no", false},                \
      {"true", true}, {"false", false}),                                                                          \
     "on: where no measurement covers a size, the tuner's latency/bandwidth model may override NCCL's pick "     \
-    "(only when it predicts a >10% gain); off: only calibration rows act.")                                     \
+    "(only when it predicts a >10% gain); off (default): only calibration rows act (docs/decisions.md D63).")   \
   X(Int, tunerNicGbps, "RAILNET_TUNER_NIC_GBPS", 0, (0, kIntMax),                                                \
     "Per-node network bandwidth (Gb/s, all NICs) for the tuner's model; 0 sums railnet's devices.")
 

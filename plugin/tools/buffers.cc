@@ -5,7 +5,9 @@
 #include <cerrno>
 #include <cstring>
 
+#include "plugin/tools/gpu_buffers.h"
 #include "plugin/tools/harness.h"
+#include "railnet/nccl/common.h"
 
 namespace railnet::bench {
 namespace {
@@ -29,14 +31,47 @@ HostBuffer::HostBuffer(size_t bytes) : size_(bytes) {
 
 HostBuffer::~HostBuffer() { munmap(data_, size_); }
 
-BenchBuffers::BenchBuffers(size_t maxMessage, int window, size_t arenaCap)
-    : send(std::max(maxMessage, std::min(maxMessage * static_cast<size_t>(window), arenaCap))),
-      recv(send.size()),
-      echoSend(send.size()),
-      echoRecv(send.size()),
-      window_(window) {
-  fillPattern(send.data(), send.size(), 0x7261696c6e6574ULL);
-  fillPattern(echoSend.data(), echoSend.size(), 0x6563686fULL);
+BenchBuffer::BenchBuffer(size_t bytes, const GpuDevice* gpu)
+    : host_(bytes), device_(gpu ? std::make_unique<DeviceMemory>(*gpu, bytes) : nullptr) {}
+
+BenchBuffer::~BenchBuffer() = default;
+
+std::byte* BenchBuffer::transportData() const noexcept {
+  // A device address is only ever handed on (to regMr/isend/irecv), never dereferenced here.
+  return device_ ? reinterpret_cast<std::byte*>(static_cast<uintptr_t>(device_->address())) : host_.data();
+}
+
+int BenchBuffer::pointerType() const noexcept { return device_ ? NCCL_PTR_CUDA : NCCL_PTR_HOST; }
+
+cuda::CUdeviceptr BenchBuffer::deviceAddress() const noexcept { return device_ ? device_->address() : 0; }
+
+void BenchBuffer::fill(uint64_t seed) {
+  fillPattern(host_.data(), host_.size(), seed);
+  if (device_) device_->upload(host_.data(), host_.size());
+}
+
+void BenchBuffer::clear(size_t bytes) {
+  if (device_) device_->clear(bytes);
+  else memset(host_.data(), 0, bytes);
+}
+
+void BenchBuffer::collect(size_t bytes) {
+  if (device_) device_->download(host_.data(), bytes);
+}
+
+BenchBuffers::BenchBuffers(size_t maxMessage, int window, size_t arenaCap, const GpuDevice* gpu)
+    : send(std::max(maxMessage, std::min(maxMessage * static_cast<size_t>(window), arenaCap)), gpu),
+      recv(send.size(), gpu),
+      echoSend(send.size(), gpu),
+      echoRecv(send.size(), gpu),
+      window_(window),
+      gpu_(gpu) {
+  send.fill(0x7261696c6e6574ULL);
+  echoSend.fill(0x6563686fULL);
+}
+
+void BenchBuffers::prepareThread() const {
+  if (gpu_) gpu_->makeCurrent();
 }
 
 void fillPattern(std::byte* data, size_t size, uint64_t seed) {

@@ -8,6 +8,7 @@
 #include <cstdarg>
 #include <cstdio>
 #include <cstdlib>
+#include <exception>
 #include <latch>
 
 namespace railnet::bench {
@@ -96,7 +97,8 @@ void StallGuard::backstop() {
   }
 }
 
-double runTogether(StallGuard& guard, const std::vector<std::function<void()>>& tasks) {
+double runTogether(StallGuard& guard, const std::vector<std::function<void()>>& tasks,
+                   const std::function<void()>& prepareThread) {
   std::latch start(static_cast<std::ptrdiff_t>(tasks.size() + 1));
   std::mutex errorMutex;
   std::string cause;                // the first real failure
@@ -106,10 +108,18 @@ double runTogether(StallGuard& guard, const std::vector<std::function<void()>>& 
   threads.reserve(tasks.size());
   for (const auto& task : tasks) {
     threads.emplace_back([&, task] {
+      // A failed preparation still arrives at the latch (the others wait for every thread), then reports.
+      std::exception_ptr preparationFailure;
+      try {
+        if (prepareThread) prepareThread();
+      } catch (...) {
+        preparationFailure = std::current_exception();
+      }
       start.arrive_and_wait();
       std::string message;
       bool aborted = false;
       try {
+        if (preparationFailure) std::rethrow_exception(preparationFailure);
         task();
         return;
       } catch (const Aborted& error) {

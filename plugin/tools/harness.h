@@ -20,6 +20,13 @@ class BenchError : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+// What this run cannot measure here (no GPU for --gpu, a device without GPU memory support): main prints what()
+// on stderr and exits 2, so a script never takes it for a pass or for a failed measurement.
+class Unsupported : public BenchError {
+ public:
+  using BenchError::BenchError;
+};
+
 // Thrown in the threads of a group after another thread of the group failed; its message (where that thread
 // stood) is appended to the real error.
 class Aborted : public BenchError {
@@ -78,8 +85,10 @@ class StallGuard {
 
 // Runs each task on its own thread, releases them together, and returns the seconds from that release until
 // the last one returned. The first failure aborts the others through `guard` and is rethrown here, with what
-// the other threads were doing at that moment appended.
-double runTogether(StallGuard& guard, const std::vector<std::function<void()>>& tasks);
+// the other threads were doing at that moment appended. `prepareThread`, when given, runs first on each thread,
+// before the release (e.g. making a CUDA context current), so it stays out of the time.
+double runTogether(StallGuard& guard, const std::vector<std::function<void()>>& tasks,
+                   const std::function<void()>& prepareThread = {});
 
 // Result of a calibrated measurement: the count of the timed run and how long it took.
 struct TimedRun {

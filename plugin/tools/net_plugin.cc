@@ -141,8 +141,8 @@ ncclResult_t NetPlugin::accept(void* listenComm, void** recvComm) const {
   return net_->accept(listenComm, recvComm, &deviceHandle);
 }
 
-ncclResult_t NetPlugin::regMr(void* comm, void* data, size_t size, void** mhandle) const {
-  return net_->regMr(comm, data, size, NCCL_PTR_HOST, mhandle);
+ncclResult_t NetPlugin::regMr(void* comm, void* data, size_t size, int type, void** mhandle) const {
+  return net_->regMr(comm, data, size, type, mhandle);
 }
 
 ncclResult_t NetPlugin::deregMr(void* comm, void* mhandle) const { return net_->deregMr(comm, mhandle); }

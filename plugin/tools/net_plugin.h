@@ -1,6 +1,6 @@
 // The bench's view of a net plugin: loaded by the shared NCCL loader (plugin/tools/nccl_loader.h: dlopen as NCCL
 // does, the newest exported ncclNetPlugin_vN, NCCL's per-version shims), with the bench's conveniences on top:
-// BenchError on failure, its own logger, host-memory registration, one buffer per receive.
+// BenchError on failure, its own logger, one buffer per receive.
 #pragma once
 
 #include <cstdint>
@@ -56,7 +56,8 @@ class NetPlugin {
   ncclResult_t listen(void* ctx, int dev, void* handle, void** listenComm) const;
   ncclResult_t connect(void* ctx, int dev, void* handle, void** sendComm) const;
   ncclResult_t accept(void* listenComm, void** recvComm) const;
-  ncclResult_t regMr(void* comm, void* data, size_t size, void** mhandle) const;  // host memory
+  // `type`: NCCL_PTR_HOST, or NCCL_PTR_CUDA for a device address.
+  ncclResult_t regMr(void* comm, void* data, size_t size, int type, void** mhandle) const;
   ncclResult_t deregMr(void* comm, void* mhandle) const;
   ncclResult_t isend(void* sendComm, void* data, size_t size, int tag, void* mhandle, void** request) const;
   ncclResult_t irecv(void* recvComm, void* data, size_t size, int tag, void* mhandle, void** request) const;

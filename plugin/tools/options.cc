@@ -33,14 +33,20 @@ constexpr const char* kUsage =
     "  --quick           fewer, smaller points (CI)\n"
     "  --device NAME     railnet device to measure (default: \"lo\", else device 0); \"A+B\" fuses the named\n"
     "                    devices through makeVDevice, e.g. lo@127.0.1.1+lo@127.0.2.1 with RAILNET_TCP_ADDRESSES\n"
-    "  --against PEER    the baseline measured in the same run: raw (raw TCP, default; the goal applies) or a\n"
-    "                    railnet device name as for --device (fused vs one rail: scripts/rails-tc.sh)\n"
+    "  --against PEER    the baseline measured in the same run: raw (default: raw TCP, and the goal applies;\n"
+    "                    with --gpu, raw copy engines + TCP) or a railnet device name as for --device (fused vs\n"
+    "                    one rail: scripts/rails-tc.sh)\n"
+    "  --gpu             GPU memory: every buffer on GPU 0 (libcuda, its primary context), registered as\n"
+    "                    NCCL_PTR_CUDA, checked by copying it back. raw then means raw copy engines + TCP: per\n"
+    "                    socket and side a CUDA stream and 4 pinned slots of RAILNET_TCP_STAGING_PIECE_BYTES,\n"
+    "                    copies overlapping send/recv. Ratios only, no goal yet. Exit status 2 when there is no\n"
+    "                    GPU or the device does not take NCCL_PTR_CUDA\n"
     "  --bidir           only the table of both directions at once (every rank of an all_reduce sends and\n"
     "                    receives together); by default it follows the one-way table\n"
     "  --one-way         only the one-way table\n"
     "  -v, --verbose     forward the plugin's INFO lines to stderr (WARN always goes there)\n"
     "Environment: RAILNET_IFNAME defaults to lo here; RAILNET_TCP_STREAMS sets the streams of railnet and of\n"
-    "the raw TCP peer alike.\n";
+    "the raw TCP (or raw CE+TCP) peer alike.\n";
 
 [[noreturn]] void usageError(const std::string& message) {
   fprintf(stderr, "railnet-bench: %s\n%s", message.c_str(), kUsage);
@@ -106,6 +112,7 @@ Options parseOptions(int argc, char** argv) {
     else if (arg == "--against") options.against = value();
     else if (arg == "--bidir") options.oneWay = false;
     else if (arg == "--one-way") options.bothWays = false;
+    else if (arg == "--gpu") options.gpu = true;
     else if (arg == "-v" || arg == "--verbose") options.verbose = true;
     else if (arg == "-h" || arg == "--help") {
       fputs(kUsage, stdout);

@@ -25,6 +25,7 @@ struct Options {
   std::string against = "raw";  // --against: "raw" (raw TCP) or a railnet device name (a+b fuses)
   bool oneWay = true;           // the one-way table (off with --bidir)
   bool bothWays = true;         // the both-directions table (off with --one-way)
+  bool gpu = false;             // --gpu: the buffers are GPU memory (device 0), the raw baseline is CE+TCP
   bool againstRaw() const { return against == "raw"; }
 };
 

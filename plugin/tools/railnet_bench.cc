@@ -1,14 +1,15 @@
 // railnet-bench: railnet's loopback bandwidth and latency next to raw TCP measured in the same run, over a sweep
-// of message sizes. It loads the plugin as NCCL does (it does not link it) and drives it as NCCL's proxy does.
-// The table goes to stdout, progress and plugin warnings to stderr. Exit status 1 only for errors (a failed
-// call, wrong data, a stall); a missed goal is reported but is not an error.
+// of message sizes; with --gpu, GPU memory next to raw copy engines + TCP. It loads the plugin as NCCL does (it
+// does not link it) and drives it as NCCL's proxy does. The table goes to stdout, progress and plugin warnings to
+// stderr. Exit status 1 only for errors (a failed call, wrong data, a stall); a missed goal is reported but is not
+// an error. Exit status 2 for a bad command line or what cannot be measured here (--gpu without a GPU, or with a
+// device that does not take GPU memory).
 
 #include <unistd.h>
 
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
-#include <cstring>
 #include <exception>
 #include <functional>
 #include <memory>
@@ -17,10 +18,12 @@
 #include <vector>
 
 #include "plugin/tools/buffers.h"
+#include "plugin/tools/gpu_buffers.h"
 #include "plugin/tools/harness.h"
 #include "plugin/tools/net_plugin.h"
 #include "plugin/tools/options.h"
 #include "plugin/tools/railnet_peer.h"
+#include "plugin/tools/raw_ce_tcp.h"
 #include "plugin/tools/raw_tcp.h"
 #include "plugin/tools/report.h"
 #include "railnet/settings.h"
@@ -37,12 +40,14 @@ constexpr uint64_t kMaxMessages = uint64_t{1} << 32;
 // run can be hit by an unrelated burst of load, and railnet and raw TCP are measured at different moments.
 constexpr size_t kBandwidthTrials = 3;
 
-// Checks every slot of `received` against `sent` after a run that filled `messages` slots.
-void compareSlots(const Peer& peer, const char* direction, size_t size, size_t messages, const HostBuffer& sent,
-                  const HostBuffer& received) {
+// Checks every slot of `received` against `sent` after a run that filled `messages` slots. On the GPU the received
+// bytes are first copied down into the buffer's host memory (the sent pattern is still there, as it was uploaded).
+void compareSlots(const Peer& peer, const char* direction, size_t size, size_t messages, const BenchBuffer& sent,
+                  BenchBuffer& received) {
+  received.collect(messages * size);
   for (size_t k = 0; k < messages; ++k) {
-    const std::byte* from = sent.data() + k * size;
-    const std::byte* to = received.data() + k * size;
+    const std::byte* from = sent.host().data() + k * size;
+    const std::byte* to = received.host().data() + k * size;
     const uint64_t expected = checksum(from, size);
     const uint64_t got = checksum(to, size);
     if (got != expected) {
@@ -59,7 +64,7 @@ void compareSlots(const Peer& peer, const char* direction, size_t size, size_t m
 // bytes that were sent, so a fast transport that delivers wrong, misplaced or no data cannot pass.
 void verify(Peer& peer, size_t size, BenchBuffers& buffers) {
   size_t messages = buffers.slots(size);
-  memset(buffers.recv.data(), 0, messages * size);
+  buffers.recv.clear(messages * size);
   peer.stream(size, messages);
   compareSlots(peer, "one way", size, messages, buffers.send, buffers.recv);
 }
@@ -67,8 +72,8 @@ void verify(Peer& peer, size_t size, BenchBuffers& buffers) {
 // Both directions at once into cleared slots, then every slot of both directions compared with what was sent.
 void verifyBothWays(Peer& peer, size_t size, BenchBuffers& buffers) {
   const size_t messages = buffers.slots(size);
-  memset(buffers.recv.data(), 0, messages * size);
-  memset(buffers.echoRecv.data(), 0, messages * size);
+  buffers.recv.clear(messages * size);
+  buffers.echoRecv.clear(messages * size);
   peer.streamBothWays(size, messages);
   compareSlots(peer, "forward", size, messages, buffers.send, buffers.recv);
   compareSlots(peer, "back", size, messages, buffers.echoSend, buffers.echoRecv);
@@ -164,6 +169,15 @@ std::unique_ptr<NetPlugin> openPlugin(const Options& options) {
   std::_Exit(1);
 }
 
+// What --gpu measures on: device 0 with its primary context current on this thread. Unsupported (exit 2) when
+// there is no GPU to measure.
+std::unique_ptr<GpuDevice> openGpu() {
+  std::string why;
+  std::unique_ptr<GpuDevice> gpu = GpuDevice::open(&why);
+  if (!gpu) throw Unsupported("--gpu: no usable GPU: " + why);
+  return gpu;
+}
+
 int run(const Options& options) {
   // Loopback benchmark; a user's own RAILNET_IFNAME wins. Set before the plugin reads its settings.
   setenv("RAILNET_IFNAME", "lo", 0);
@@ -173,30 +187,56 @@ int run(const Options& options) {
   const std::vector<size_t> sizes = sweepSizes(options);
 
   StallGuard guard(options.timeout);
-  CsvFile csv(options.csv, options.againstRaw());
+  // Before anything that uses GPU memory, and released after it (declared first, destroyed last).
+  if (options.gpu) guard.setPhase("opening the GPU");
+  const std::unique_ptr<GpuDevice> gpu = options.gpu ? openGpu() : nullptr;
+  const BaselineKind baselineKind = !options.againstRaw() ? BaselineKind::kRailnetDevice
+                                    : options.gpu         ? BaselineKind::kRawCopyEnginesTcp
+                                                          : BaselineKind::kRawTcp;
+  CsvFile csv(options.csv, baselineKind);
   guard.setPhase("loading the plugin");
   std::unique_ptr<NetPlugin> net = openPlugin(options);
   guard.setPhase("allocating buffers");
-  BenchBuffers buffers(options.maxSize, options.window, kArenaCap);
+  BenchBuffers buffers(options.maxSize, options.window, kArenaCap, gpu.get());
   const bool named = !options.device.empty();
   RailnetPeer railnet(*net, named ? options.device : "lo", options.window, buffers, guard, named,
                       named ? options.device : "railnet");
   if (options.maxSize > railnet.device().maxP2pBytes) {
     fail("--max-size %zu exceeds the device's maxP2pBytes %zu", options.maxSize, railnet.device().maxP2pBytes);
   }
-  // The baseline measured next to it: raw TCP over lo, or another railnet device (e.g. one rail vs two fused).
+  // The baseline measured next to it: raw TCP over lo (raw copy engines + TCP for GPU memory), or another railnet
+  // device (e.g. one rail vs two fused).
   std::unique_ptr<Peer> baseline;
-  if (options.againstRaw()) {
-    baseline = std::make_unique<RawTcpPeer>(streams, options.window, buffers, guard);
-  } else {
-    baseline = std::make_unique<RailnetPeer>(*net, options.against, options.window, buffers, guard, true,
-                                             options.against);
+  size_t ceTcpPieceBytes = 0;
+  switch (baselineKind) {
+    case BaselineKind::kRawTcp:
+      baseline = std::make_unique<RawTcpPeer>(streams, options.window, buffers, guard);
+      break;
+    case BaselineKind::kRawCopyEnginesTcp: {
+      auto ceTcp = std::make_unique<RawCeTcpPeer>(streams, options.window, options.maxSize, buffers, guard, *gpu);
+      ceTcpPieceBytes = ceTcp->pieceBytes();
+      baseline = std::move(ceTcp);
+      break;
+    }
+    case BaselineKind::kRailnetDevice:
+      baseline = std::make_unique<RailnetPeer>(*net, options.against, options.window, buffers, guard, true,
+                                               options.against);
+      break;
   }
   RunDescription description{net->path(), net->symbol(), net->name(), railnet.deviceIndex(), railnet.device().name,
                              streams, options.window, options.seconds};
-  description.baseline = options.againstRaw() ? "raw TCP" : options.against;
-  description.baselineIsRaw = options.againstRaw();
+  description.baseline = baseline->name();
+  description.baselineKind = baselineKind;
   description.oneWayTable = options.oneWay;
+  if (gpu) {
+    description.gpu = "GPU 0" + (gpu->pciBusId().empty() ? std::string() : " (PCI " + gpu->pciBusId() + ")");
+    description.comparison = baselineKind == BaselineKind::kRawCopyEnginesTcp
+                                 ? "GPU memory: railnet vs raw copy engines + TCP"
+                                 : "GPU memory: railnet device \"" + railnet.device().name +
+                                       "\" vs railnet device \"" + baseline->name() + "\"";
+    description.ceTcpSlots = RawCeTcpPeer::kSlots;
+    description.ceTcpPieceBytes = ceTcpPieceBytes;
+  }
   printHeader(description);
 
   // One table: for each size, railnet then the baseline, each measured by `measurePeer`; rows printed as they come.
@@ -226,7 +266,7 @@ int run(const Options& options) {
       printBothWaysHeader(description);
       bothWaysRows = table(bothWaysSizes(options), measureBothWays, printBothWaysRow, "both-ways");
     }
-    printSummary(rows, bothWaysRows, options.againstRaw());
+    printSummary(rows, bothWaysRows, description);
     baseline.reset();
     railnet.shutdown();
   } catch (const std::exception& error) {
@@ -243,6 +283,11 @@ int main(int argc, char** argv) {
   Options options = parseOptions(argc, argv);
   try {
     return run(options);
+  } catch (const Unsupported& error) {
+    // Nothing is in flight yet (only set-up can find this), so run() unwound normally.
+    fflush(stdout);
+    fprintf(stderr, "railnet-bench: %s\n", error.what());
+    return 2;
   } catch (const std::exception& error) {
     die(error);
   }

@@ -19,15 +19,17 @@ constexpr uint64_t kCommId = 0x7261696c6e657442ULL;  // "railnetB"
 // registers each protocol buffer once and then sends from / receives into sub-ranges of it.
 class RailnetPeer::Link {
  public:
-  Link(const NetPlugin& net, void* ctx, int dev, HostBuffer& source, HostBuffer& destination, StallGuard& guard,
-       const char* label)
+  Link(const NetPlugin& net, void* ctx, int dev, const BenchBuffer& source, const BenchBuffer& destination,
+       StallGuard& guard, const char* label)
       : net_(net), label_(label) {
     guard.setPhase(format("railnet %s link: listen/connect/accept", label));
     try {
       connect(ctx, dev, guard);
       guard.setPhase(format("railnet %s link: regMr", label));
-      NetPlugin::check(net.regMr(sendComm, source.data(), source.size(), &sendMr), "regMr(sendComm)");
-      NetPlugin::check(net.regMr(recvComm, destination.data(), destination.size(), &recvMr), "regMr(recvComm)");
+      NetPlugin::check(net.regMr(sendComm, source.transportData(), source.size(), source.pointerType(), &sendMr),
+                       "regMr(sendComm)");
+      NetPlugin::check(net.regMr(recvComm, destination.transportData(), destination.size(), destination.pointerType(),
+                                 &recvMr), "regMr(recvComm)");
     } catch (...) {
       release();
       throw;
@@ -166,7 +168,13 @@ RailnetPeer::RailnetPeer(const NetPlugin& net, const std::string& deviceName, in
       if (dev_ < 0) dev_ = 0;
     }
     NetPlugin::check(net.properties(dev_, &props_), "getProperties");
-    if (!(props_.ptrSupport & NCCL_PTR_HOST)) {
+    if (buffers.onGpu() && !(props_.ptrSupport & NCCL_PTR_CUDA)) {
+      throw Unsupported(format(
+          "device %d \"%s\" does not take GPU memory (ptrSupport %d, no NCCL_PTR_CUDA): the TCP transport offers it "
+          "only when libcuda is usable and RAILNET_TCP_GPU is not 0 (-v shows the plugin's reason)",
+          dev_, props_.name.c_str(), props_.ptrSupport));
+    }
+    if (!buffers.onGpu() && !(props_.ptrSupport & NCCL_PTR_HOST)) {
       fail("device %d does not support host memory (ptrSupport %d)", dev_, props_.ptrSupport);
     }
     forward_ = std::make_unique<Link>(net, ctx_, dev_, buffers.send, buffers.recv, guard, "forward");
@@ -315,51 +323,56 @@ void RailnetPeer::waitDone(void* request, const char* what, size_t size, bool ex
   }
 }
 
-RailnetPeer::Direction RailnetPeer::streamPipelines(Link& link, const HostBuffer& source, HostBuffer& destination,
-                                                    size_t size, uint64_t count, const char* direction) {
+RailnetPeer::Direction RailnetPeer::streamPipelines(Link& link, const BenchBuffer& source,
+                                                    const BenchBuffer& destination, size_t size, uint64_t count,
+                                                    const char* direction) {
   Direction pipelines;
   pipelines.sender = std::make_unique<Pipeline>(
       net_, std::string(direction) + " sender isend", size, count, false, window_,
       [&, size](uint64_t i, void** request) {
-        return net_.isend(link.sendComm, source.data() + buffers_.slotOffset(size, i), size, kTag, link.sendMr,
-                          request);
+        return net_.isend(link.sendComm, source.transportData() + buffers_.slotOffset(size, i), size, kTag,
+                          link.sendMr, request);
       });
   pipelines.receiver = std::make_unique<Pipeline>(
       net_, std::string(direction) + " receiver irecv", size, count, true, window_,
       [&, size](uint64_t i, void** request) {
-        return net_.irecv(link.recvComm, destination.data() + buffers_.slotOffset(size, i), size, kTag, link.recvMr,
-                          request);
+        return net_.irecv(link.recvComm, destination.transportData() + buffers_.slotOffset(size, i), size, kTag,
+                          link.recvMr, request);
       });
   return pipelines;
 }
 
+double RailnetPeer::runRanks(const std::vector<std::function<void()>>& ranks) {
+  return runTogether(guard_, ranks, [this] { buffers_.prepareThread(); });
+}
+
 double RailnetPeer::stream(size_t size, uint64_t count) {
   Direction forward = streamPipelines(*forward_, buffers_.send, buffers_.recv, size, count, "forward");
-  return runTogether(guard_, {[&] { runRank({forward.sender.get()}); }, [&] { runRank({forward.receiver.get()}); }});
+  return runRanks({[&] { runRank({forward.sender.get()}); }, [&] { runRank({forward.receiver.get()}); }});
 }
 
 double RailnetPeer::streamBothWays(size_t size, uint64_t count) {
   // Rank A sends forward and receives back; rank B the reverse: one proxy thread each, as in NCCL.
   Direction forward = streamPipelines(*forward_, buffers_.send, buffers_.recv, size, count, "forward");
   Direction back = streamPipelines(*back_, buffers_.echoSend, buffers_.echoRecv, size, count, "back");
-  return runTogether(guard_, {[&] { runRank({forward.sender.get(), back.receiver.get()}); },
-                              [&] { runRank({forward.receiver.get(), back.sender.get()}); }});
+  return runRanks({[&] { runRank({forward.sender.get(), back.receiver.get()}); },
+                   [&] { runRank({forward.receiver.get(), back.sender.get()}); }});
 }
 
 double RailnetPeer::pingPong(size_t size, uint64_t count, std::vector<double>* halfRttUs) {
   Link& forward = *forward_;
   Link& back = *back_;
   auto postPingSend = [&](void** request) {
-    return net_.isend(forward.sendComm, buffers_.send.data(), size, kTag, forward.sendMr, request);
+    return net_.isend(forward.sendComm, buffers_.send.transportData(), size, kTag, forward.sendMr, request);
   };
   auto postPingRecv = [&](void** request) {
-    return net_.irecv(forward.recvComm, buffers_.recv.data(), size, kTag, forward.recvMr, request);
+    return net_.irecv(forward.recvComm, buffers_.recv.transportData(), size, kTag, forward.recvMr, request);
   };
   auto postPongSend = [&](void** request) {
-    return net_.isend(back.sendComm, buffers_.echoSend.data(), size, kTag, back.sendMr, request);
+    return net_.isend(back.sendComm, buffers_.echoSend.transportData(), size, kTag, back.sendMr, request);
   };
   auto postPongRecv = [&](void** request) {
-    return net_.irecv(back.recvComm, buffers_.echoRecv.data(), size, kTag, back.recvMr, request);
+    return net_.irecv(back.recvComm, buffers_.echoRecv.transportData(), size, kTag, back.recvMr, request);
   };
   halfRttUs->reserve(halfRttUs->size() + count);
 
@@ -383,7 +396,7 @@ double RailnetPeer::pingPong(size_t size, uint64_t count, std::vector<double>* h
       waitDone(postWithRetry("pong isend", postPongSend), "pong isend", size, false);
     }
   };
-  return runTogether(guard_, {initiator, echo});
+  return runRanks({initiator, echo});
 }
 
 }  // namespace railnet::bench

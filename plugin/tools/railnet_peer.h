@@ -21,6 +21,8 @@ class RailnetPeer final : public Peer {
   // init() one context, pick the device, and connect both links. `deviceName` is a device's name, or names
   // joined by '+' to fuse those devices (makeVDevice); when `exact` is false a missing name falls back to
   // device 0 (the default loopback run), else it is an error. `label` names the peer in tables and messages.
+  // The device must take the buffers' memory type: with GPU buffers, a device without NCCL_PTR_CUDA throws
+  // Unsupported.
   RailnetPeer(const NetPlugin& net, const std::string& deviceName, int window, BenchBuffers& buffers,
               StallGuard& guard, bool exact = false, std::string label = "railnet");
   ~RailnetPeer() override;  // closes both links, then finalize(); failures only printed
@@ -52,8 +54,10 @@ class RailnetPeer final : public Peer {
     std::unique_ptr<Pipeline> sender;
     std::unique_ptr<Pipeline> receiver;
   };
-  Direction streamPipelines(Link& link, const HostBuffer& source, HostBuffer& destination, size_t size, uint64_t count,
-                            const char* direction);
+  Direction streamPipelines(Link& link, const BenchBuffer& source, const BenchBuffer& destination, size_t size,
+                            uint64_t count, const char* direction);
+  // runTogether with each thread prepared for the buffers (the GPU's context current, as on NCCL's proxy thread).
+  double runRanks(const std::vector<std::function<void()>>& ranks);
 
   const NetPlugin& net_;
   BenchBuffers& buffers_;

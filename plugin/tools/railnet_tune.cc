@@ -274,7 +274,7 @@ int bench(int argc, char** argv) {
   double withTuner = run(true);
   std::printf("getCollInfo (ncclTunerPlugin_v5, %s): %.1f ns per call (%ld calls, sizes 8 B..1 GiB, 4 collectives; "
               "loop overhead %.1f ns subtracted)\n",
-              calibrationPath.empty() ? "model only" : calibrationPath.c_str(), withTuner - loop, calls, loop);
+              calibrationPath.empty() ? "no calibration" : calibrationPath.c_str(), withTuner - loop, calls, loop);
   tuner->finalize(ctx);
   dlclose(library);
   return 0;

@@ -13,25 +13,9 @@
 #include "plugin/tools/buffers.h"
 #include "plugin/tools/harness.h"
 #include "plugin/tools/peer.h"
+#include "plugin/tools/socket_pairs.h"
 
 namespace railnet::bench {
-
-// An owned file descriptor.
-class Socket {
- public:
-  Socket() = default;
-  explicit Socket(int fd) noexcept : fd_(fd) {}
-  ~Socket();
-  Socket(Socket&& other) noexcept : fd_(other.fd_) { other.fd_ = -1; }
-  Socket& operator=(Socket&& other) noexcept;
-  Socket(const Socket&) = delete;
-  Socket& operator=(const Socket&) = delete;
-
-  int fd() const noexcept { return fd_; }
-
- private:
-  int fd_ = -1;
-};
 
 class RawTcpPeer final : public Peer {
  public:
@@ -51,25 +35,17 @@ class RawTcpPeer final : public Peer {
   double pingPong(size_t size, uint64_t count, std::vector<double>* halfRttUs) override;
 
  private:
-  struct Credit;  // how many messages receiver j has finished (raw_tcp.cc)
-  struct Pair {
-    Socket sender;    // the connecting end
-    Socket receiver;  // the accepted end
-  };
-
   // The 2 x streamsFor(size) sender and receiver tasks of one direction over `pairs`; `credits` keeps their
   // window state alive while they run.
-  void addStreamTasks(const std::vector<Pair>& pairs, const HostBuffer& source, HostBuffer& destination, size_t size,
-                      uint64_t count, std::vector<std::unique_ptr<Credit>>* credits,
+  void addStreamTasks(const std::vector<SocketPair>& pairs, const HostBuffer& source, HostBuffer& destination,
+                      size_t size, uint64_t count, std::vector<std::unique_ptr<MessageCredit>>* credits,
                       std::vector<std::function<void()>>* tasks);
-  void sendAll(int fd, const std::byte* data, size_t size, const char* what) const;
-  void recvAll(int fd, std::byte* data, size_t size, const char* what) const;
 
   BenchBuffers& buffers_;
   StallGuard& guard_;
   const int window_;
-  std::vector<Pair> pairs_;      // forward
-  std::vector<Pair> backPairs_;  // the other direction, for streamBothWays
+  std::vector<SocketPair> pairs_;      // forward
+  std::vector<SocketPair> backPairs_;  // the other direction, for streamBothWays
 };
 
 }  // namespace railnet::bench

@@ -15,29 +15,58 @@ double bwRatio(const Row& row) { return ratio(row.railnet.gbps, row.raw.gbps); }
 // Above 1: railnet is slower than raw TCP.
 double latRatio(const Row& row) { return ratio(row.railnet.latencyUs, row.raw.latencyUs); }
 
+// The labels of a table's columns, by what the second column measures.
+struct Columns {
+  const char* gbps;
+  const char* baseGbps;
+  const char* latency;
+  const char* baseLatency;
+  const char* cpu;
+  const char* baseCpu;
+};
+
+Columns columnsFor(BaselineKind baseline) {
+  switch (baseline) {
+    case BaselineKind::kRawTcp:
+      return {"railnet GB/s", "raw TCP GB/s", "railnet lat us", "raw lat us", "railnet cpu/GB", "raw cpu/GB"};
+    case BaselineKind::kRawCopyEnginesTcp:
+      return {"railnet GB/s", "CE+TCP GB/s", "railnet lat us", "CE lat us", "railnet cpu/GB", "CE cpu/GB"};
+    case BaselineKind::kRailnetDevice:
+      break;
+  }
+  return {"device GB/s", "base GB/s", "device lat us", "base lat us", "device cpu/GB", "base cpu/GB"};
+}
+
 }  // namespace
 
 void printHeader(const RunDescription& run) {
   printf("railnet-bench: loopback, plugin %s (%s \"%s\"), device %d \"%s\"\n", run.pluginPath.c_str(),
          run.pluginSymbol.c_str(), run.pluginName.c_str(), run.deviceIndex, run.deviceName.c_str());
-  if (run.baselineIsRaw) {
-    printf("streams %d (RAILNET_TCP_STREAMS; raw TCP splits each message over min(%d, size) sockets), window %d, "
-           "%.2g s per measurement\n", run.streams, run.streams, run.window, run.seconds);
-    printf("goals: one way, bw ratio >= %.2f at >= %s; both ways at once, >= %.2f at %s and >= %s\n\n", kGoalRatio,
-           sizeText(kGoalFromSize).c_str(), kBothWaysGoalRatio, sizeText(kBothWaysGoalSize).c_str(),
-           sizeText(kGoalFromSize).c_str());
-    if (!run.oneWayTable) return;
-    printf("one direction:\n");
-    printf("%10s | %12s | %12s | %8s | %14s | %10s | %9s | %13s | %9s\n", "size", "railnet GB/s", "raw TCP GB/s",
-           "bw ratio", "railnet lat us", "raw lat us", "lat ratio", "railnet cpu/GB", "raw cpu/GB");
-  } else {
-    printf("baseline: railnet device \"%s\", measured in the same run; streams %d per NIC, window %d, %.2g s per "
-           "measurement\n\n", run.baseline.c_str(), run.streams, run.window, run.seconds);
-    if (!run.oneWayTable) return;
-    printf("one direction:\n");
-    printf("%10s | %12s | %12s | %8s | %14s | %10s | %9s | %13s | %9s\n", "size", "device GB/s", "base GB/s",
-           "bw ratio", "device lat us", "base lat us", "lat ratio", "device cpu/GB", "base cpu/GB");
+  if (run.onGpu()) printf("%s; buffers on %s, registered as NCCL_PTR_CUDA\n", run.comparison.c_str(), run.gpu.c_str());
+  switch (run.baselineKind) {
+    case BaselineKind::kRawTcp:
+      printf("streams %d (RAILNET_TCP_STREAMS; raw TCP splits each message over min(%d, size) sockets), window %d, "
+             "%.2g s per measurement\n", run.streams, run.streams, run.window, run.seconds);
+      printf("goals: one way, bw ratio >= %.2f at >= %s; both ways at once, >= %.2f at %s and >= %s\n\n",
+             kGoalRatio, sizeText(kGoalFromSize).c_str(), kBothWaysGoalRatio, sizeText(kBothWaysGoalSize).c_str(),
+             sizeText(kGoalFromSize).c_str());
+      break;
+    case BaselineKind::kRawCopyEnginesTcp:
+      printf("streams %d (RAILNET_TCP_STREAMS; raw CE+TCP splits each message over min(%d, size) sockets, each with "
+             "its own CUDA stream and %d pinned slots of %s), window %d, %.2g s per measurement\n", run.streams,
+             run.streams, run.ceTcpSlots, sizeText(run.ceTcpPieceBytes).c_str(), run.window, run.seconds);
+      printf("goals: none yet for GPU memory (ratios are printed, not judged)\n\n");
+      break;
+    case BaselineKind::kRailnetDevice:
+      printf("baseline: railnet device \"%s\", measured in the same run; streams %d per NIC, window %d, %.2g s per "
+             "measurement\n\n", run.baseline.c_str(), run.streams, run.window, run.seconds);
+      break;
   }
+  if (!run.oneWayTable) return;
+  const Columns columns = columnsFor(run.baselineKind);
+  printf("one direction:\n");
+  printf("%10s | %12s | %12s | %8s | %14s | %10s | %9s | %13s | %9s\n", "size", columns.gbps, columns.baseGbps,
+         "bw ratio", columns.latency, columns.baseLatency, "lat ratio", columns.cpu, columns.baseCpu);
   printf("-----------+--------------+--------------+----------+----------------+------------+-----------+----------------"
          "+-----------\n");
   fflush(stdout);
@@ -51,11 +80,12 @@ void printRow(const Row& row) {
 }
 
 void printBothWaysHeader(const RunDescription& run) {
+  const bool raw = run.baselineKind == BaselineKind::kRawTcp;
+  const Columns columns = columnsFor(run.baselineKind);
   printf("\nboth directions at once (GB/s per direction; %s streams %d each way):\n",
-         run.baselineIsRaw ? "raw TCP" : run.baseline.c_str(), run.streams);
-  printf("%10s | %12s | %12s | %8s | %14s | %10s\n", "size", run.baselineIsRaw ? "railnet GB/s" : "device GB/s",
-         run.baselineIsRaw ? "raw TCP GB/s" : "base GB/s", "bw ratio", run.baselineIsRaw ? "railnet cpu/GB" : "device cpu/GB",
-         run.baselineIsRaw ? "raw cpu/GB" : "base cpu/GB");
+         raw ? "raw TCP" : run.baseline.c_str(), run.streams);
+  printf("%10s | %12s | %12s | %8s | %14s | %10s\n", "size", columns.gbps, columns.baseGbps, "bw ratio", columns.cpu,
+         columns.baseCpu);
   printf("-----------+--------------+--------------+----------+----------------+-----------\n");
   fflush(stdout);
 }
@@ -68,9 +98,10 @@ void printBothWaysRow(const Row& row) {
 
 namespace {
 
-// One table's summary line over the rows `judged` selects.
+// One table's summary line over the rows `judged` selects: a verdict against raw TCP over host memory, else the
+// ratios alone (GPU memory: after what was compared, and "no goal").
 void summarize(const char* label, const std::vector<Row>& rows, bool (*judged)(const Row&), const std::string& where,
-               double goal, bool baselineIsRaw) {
+               double goal, const RunDescription& run) {
   const Row* worst = nullptr;
   std::vector<double> ratios;
   for (const Row& row : rows) {
@@ -78,10 +109,18 @@ void summarize(const char* label, const std::vector<Row>& rows, bool (*judged)(c
     ratios.push_back(bwRatio(row));
     if (!worst || bwRatio(row) < bwRatio(*worst)) worst = &row;
   }
-  if (!worst) {
+  const bool judge = run.baselineKind == BaselineKind::kRawTcp && !run.onGpu();
+  if (run.onGpu()) {
+    if (!worst) {
+      printf("summary, %s (%s): no size %s in this sweep; no goal\n", label, run.comparison.c_str(), where.c_str());
+    } else {
+      printf("summary, %s (%s): bw ratio %s: min %.2f (at %s), median %.2f; no goal\n", label,
+             run.comparison.c_str(), where.c_str(), bwRatio(*worst), sizeText(worst->size).c_str(), median(ratios));
+    }
+  } else if (!worst) {
     printf("summary, %s: no size %s in this sweep; %s\n", label, where.c_str(),
-           baselineIsRaw ? "goal not evaluated" : "no ratio to summarize");
-  } else if (baselineIsRaw) {
+           judge ? "goal not evaluated" : "no ratio to summarize");
+  } else if (judge) {
     printf("summary, %s: min bw ratio %s = %.2f (at %s): %s (goal >= %.2f)\n", label, where.c_str(), bwRatio(*worst),
            sizeText(worst->size).c_str(), bwRatio(*worst) >= goal ? "PASS" : "MISS", goal);
   } else {
@@ -95,27 +134,38 @@ bool bothWaysJudged(const Row& row) { return row.size == kBothWaysGoalSize || ro
 
 }  // namespace
 
-void printSummary(const std::vector<Row>& oneWay, const std::vector<Row>& bothWays, bool baselineIsRaw) {
+void printSummary(const std::vector<Row>& oneWay, const std::vector<Row>& bothWays, const RunDescription& run) {
   printf("\n");
   if (!oneWay.empty()) {
-    summarize("one way", oneWay, oneWayJudged, "at >= " + sizeText(kGoalFromSize), kGoalRatio, baselineIsRaw);
+    summarize("one way", oneWay, oneWayJudged, "at >= " + sizeText(kGoalFromSize), kGoalRatio, run);
   }
   if (!bothWays.empty()) {
     summarize("both ways", bothWays, bothWaysJudged,
-              "at " + sizeText(kBothWaysGoalSize) + " and >= " + sizeText(kGoalFromSize), kBothWaysGoalRatio,
-              baselineIsRaw);
+              "at " + sizeText(kBothWaysGoalSize) + " and >= " + sizeText(kGoalFromSize), kBothWaysGoalRatio, run);
   }
   fflush(stdout);
 }
 
-CsvFile::CsvFile(const std::string& path, bool baselineIsRaw) {
+CsvFile::CsvFile(const std::string& path, BaselineKind baseline) {
   if (path.empty()) return;
   file_.reset(fopen(path.c_str(), "w"));
   if (!file_) fail("cannot write %s: %s", path.c_str(), strerror(errno));
-  fprintf(file_.get(), baselineIsRaw ? "direction,size_bytes,railnet_gbps,raw_tcp_gbps,bw_ratio,railnet_lat_us,raw_lat_us,"
-                                       "lat_ratio,railnet_cpu_s_per_gb,raw_cpu_s_per_gb\n"
-                                     : "direction,size_bytes,railnet_gbps,baseline_gbps,bw_ratio,railnet_lat_us,"
-                                       "baseline_lat_us,lat_ratio,railnet_cpu_s_per_gb,baseline_cpu_s_per_gb\n");
+  const char* header = nullptr;
+  switch (baseline) {
+    case BaselineKind::kRawTcp:
+      header = "direction,size_bytes,railnet_gbps,raw_tcp_gbps,bw_ratio,railnet_lat_us,raw_lat_us,lat_ratio,"
+               "railnet_cpu_s_per_gb,raw_cpu_s_per_gb\n";
+      break;
+    case BaselineKind::kRawCopyEnginesTcp:
+      header = "direction,size_bytes,railnet_gbps,raw_ce_tcp_gbps,bw_ratio,railnet_lat_us,raw_ce_tcp_lat_us,lat_ratio,"
+               "railnet_cpu_s_per_gb,raw_ce_tcp_cpu_s_per_gb\n";
+      break;
+    case BaselineKind::kRailnetDevice:
+      header = "direction,size_bytes,railnet_gbps,baseline_gbps,bw_ratio,railnet_lat_us,baseline_lat_us,lat_ratio,"
+               "railnet_cpu_s_per_gb,baseline_cpu_s_per_gb\n";
+      break;
+  }
+  fputs(header, file_.get());
   fflush(file_.get());
 }
 

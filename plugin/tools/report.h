@@ -16,6 +16,7 @@ namespace railnet::bench {
 // What the bench is held to; printSummary checks it (informational: a miss is not an error). One direction:
 // >= kGoalRatio of raw TCP at >= kGoalFromSize. Both directions at once (every rank of an all_reduce sends and
 // receives together): >= kBothWaysGoalRatio of raw TCP both ways at kBothWaysGoalSize and at >= kGoalFromSize.
+// Host memory only: GPU memory (--gpu) has no goal yet, its ratios are printed without a verdict.
 constexpr double kGoalRatio = 0.85;
 constexpr size_t kGoalFromSize = 4 * MiB;
 constexpr double kBothWaysGoalRatio = 0.9;
@@ -33,6 +34,13 @@ struct Row {
   PeerResult raw;
 };
 
+// What the second column measures.
+enum class BaselineKind {
+  kRawTcp,             // raw TCP over host memory: the goal is judged
+  kRawCopyEnginesTcp,  // --gpu: raw copy engines + TCP (raw_ce_tcp.h)
+  kRailnetDevice,      // --against DEVICE: another railnet device
+};
+
 // What the header states about the run.
 struct RunDescription {
   std::string pluginPath;
@@ -43,9 +51,16 @@ struct RunDescription {
   int streams;
   int window;
   double seconds;
-  std::string baseline = "raw TCP";  // the second column's peer: "raw TCP" or a railnet device name
-  bool baselineIsRaw = true;         // the goal (vs raw TCP) is judged only then
+  std::string baseline = "raw TCP";  // the second column's peer: "raw TCP", "raw CE+TCP" or a railnet device name
+  BaselineKind baselineKind = BaselineKind::kRawTcp;
   bool oneWayTable = true;           // the one-way table follows the header (not with --bidir)
+  // --gpu only (empty on the host): where the buffers are ("GPU 0 (PCI 0000:19:00.0)"), what is compared ("GPU
+  // memory: railnet vs raw copy engines + TCP"), and the raw CE+TCP peer's pinned slots per thread and their size.
+  std::string gpu;
+  std::string comparison;
+  int ceTcpSlots = 0;
+  size_t ceTcpPieceBytes = 0;
+  bool onGpu() const { return !gpu.empty(); }
 };
 
 void printHeader(const RunDescription& run);
@@ -54,15 +69,17 @@ void printRow(const Row& row);
 void printBothWaysHeader(const RunDescription& run);
 void printBothWaysRow(const Row& row);
 // One line per table. One way: the smallest bw ratio over sizes >= kGoalFromSize; both ways: the smallest at
-// kBothWaysGoalSize and >= kGoalFromSize. PASS or MISS against raw TCP; against another railnet device, the min
-// and median ratio without a verdict. An empty table is left out.
-void printSummary(const std::vector<Row>& oneWay, const std::vector<Row>& bothWays, bool baselineIsRaw);
+// kBothWaysGoalSize and >= kGoalFromSize. PASS or MISS against raw TCP over host memory; against another railnet
+// device, the min and median ratio without a verdict; with GPU memory, the comparison, min and median, "no goal".
+// An empty table is left out.
+void printSummary(const std::vector<Row>& oneWay, const std::vector<Row>& bothWays, const RunDescription& run);
 
 // Rows as CSV, flushed one by one so an interrupted run keeps what it measured. Inactive without a path.
 class CsvFile {
  public:
-  // The raw-TCP columns keep their names (raw_tcp_gbps, raw_lat_us); another baseline's are baseline_*.
-  CsvFile(const std::string& path, bool baselineIsRaw);
+  // The raw-TCP columns keep their names (raw_tcp_gbps, raw_lat_us); raw CE+TCP's are raw_ce_tcp_*, another
+  // railnet device's baseline_*.
+  CsvFile(const std::string& path, BaselineKind baseline);
   // `direction`: "one-way" or "both-ways" (its rows have no latency).
   void write(const Row& row, const char* direction);
 

@@ -111,6 +111,8 @@ Decision Tuner::decide(int coll, size_t bytes, int numPipeOps, int regBuff, cons
   const Decision keep;
   if (!options_.enabled || options_.forced || table == nullptr) return keep;
   if (coll < 0 || coll >= kNumColls || numAlgo <= 0 || numProto <= 0 || shape_.nRanks <= 1) return keep;
+  // Nothing measured or ruled for this collective on this shape, and no model asked for: NCCL's choice stands.
+  if (rules_[coll].empty() && series_[coll].empty() && !options_.useModel) return keep;
   const int algos = std::min(numAlgo, NCCL_NUM_ALGORITHMS);
   const int protos = std::min(numProto, NCCL_NUM_PROTOCOLS);
   auto offered = [&](int a, int p) { return a >= 0 && a < algos && p >= 0 && p < protos && table[a * numProto + p] >= 0; };
@@ -159,6 +161,7 @@ Decision Tuner::decide(int coll, size_t bytes, int numPipeOps, int regBuff, cons
     return best;
   }
 
+  // No measurement covers NCCL's pick at this size: NCCL's choice stands unless the model was asked for.
   if (!options_.useModel) return keep;
   double ncclModel = modelUs(coll, bytes, ncclAlgo, ncclProto);
   if (ncclModel <= 0) return keep;

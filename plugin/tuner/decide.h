@@ -1,6 +1,8 @@
 // The tuner's decisions for one communicator: built once at init from the shape and the calibration file, then
 // queried by getCollInfo without allocating. It only ever lowers one entry NCCL already offers (a
 // non-negative cost) to 0.0, so NCCL's "smallest non-negative" pick lands on it; entries at -1 stay -1.
+// Do no harm (docs/decisions.md D63): where no rule and no measurement of this communicator's shape covers a
+// call, NCCL's table comes back untouched; the model acts only when asked for (TunerOptions::useModel).
 #pragma once
 
 #include <cstddef>
@@ -31,7 +33,9 @@ struct Decision {
 struct TunerOptions {
   bool enabled = true;
   bool forced = false;       // NCCL_ALGO or NCCL_PROTO set by the user: leave every table alone
-  bool useModel = true;      // let the model decide where no measurement covers NCCL's own pick
+  // Let the model decide where no measurement covers NCCL's own pick. Off unless asked for (D63): without
+  // measurements it made NCCL's choice up to 2.3x slower (issue 12).
+  bool useModel = false;
   double modelMargin = 1.1;  // the model overrides NCCL only when NCCL's pick is this much slower
   double measuredMargin = 1.03;  // measurements override NCCL only beyond this (noise of short runs)
   ModelParams model;
@@ -58,6 +62,8 @@ class Tuner {
   const Shape& shape() const noexcept { return shape_; }
   size_t measurementCount() const noexcept;
   size_t ruleCount() const noexcept;
+  // Whether any call can change NCCL's table: a rule or measurement for this shape, or the model asked for.
+  bool acts() const noexcept { return options_.useModel || measurementCount() + ruleCount() > 0; }
 
  private:
   struct Point {

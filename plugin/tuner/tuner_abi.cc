@@ -29,6 +29,7 @@ Context* create(int abiVersion, uint64_t commId, size_t nRanks, size_t nNodes, c
                 const Settings& config) {
   TunerOptions options;
   options.enabled = config.tuner;
+  // The model is opt-in (docs/decisions.md D63): RAILNET_TUNER_MODEL=on turns it on.
   options.useModel = config.tunerModel;
   options.forced = envSet("NCCL_ALGO") || envSet("NCCL_PROTO");
   if (!options.enabled) {
@@ -59,25 +60,40 @@ Context* create(int abiVersion, uint64_t commId, size_t nRanks, size_t nNodes, c
     nicSource = "a default (railnet's net plugin not initialised)";
   }
   Calibration calibration;
-  std::string calibrationNote = "none";
+  bool fileRead = false;
   if (!config.tunerFile.empty()) {
     std::string error;
-    if (loadCalibration(config.tunerFile, &calibration, &error)) {
-      calibrationNote = config.tunerFile;
-    } else {
+    fileRead = loadCalibration(config.tunerFile, &calibration, &error);
+    if (!fileRead) {
       RN_WARN("TUNER/railnet: RAILNET_TUNER_FILE: %s; ignoring the file", error.c_str());
       calibration = Calibration{};
-      calibrationNote = "unreadable, ignored";
     }
   }
-  auto* context = new Context{commId, Tuner(shape, calibration, options)};
+  auto context = std::make_unique<Context>(Context{commId, Tuner(shape, calibration, options)});
+  // Which mode this communicator is in, once (docs/decisions.md D63).
+  const size_t measurements = context->tuner.measurementCount(), rules = context->tuner.ruleCount();
+  const char* gaps = options.useModel ? "the model decides (RAILNET_TUNER_MODEL=on)" : "NCCL's choice stands";
+  std::string mode;
+  if (measurements + rules > 0) {
+    mode = "calibrated from " + config.tunerFile + " (" + std::to_string(measurements) + " measurements, " +
+           std::to_string(rules) + " rules for this shape); where they cover nothing, " + gaps;
+  } else {
+    mode = std::string("no calibration for this shape: ") + gaps;
+    if (fileRead) {
+      mode += " (" + config.tunerFile + " has no row for " + std::to_string(shape.nRanks) + " ranks on " +
+              std::to_string(shape.nNodes) + " nodes)";
+    } else if (!config.tunerFile.empty()) {
+      mode += " (RAILNET_TUNER_FILE unreadable, ignored)";
+    }
+  }
   RN_INFO(NCCL_INIT | NCCL_TUNING,
           "TUNER/railnet: tuner ABI v%d, comm %lx: %d ranks on %d nodes, %d NIC(s) x %.0f Gb/s per node (%s), "
-          "NVLink domains %d; calibration %s (%zu measurements, %zu rules for this shape); model %s",
+          "NVLink domains %d; %s",
           abiVersion, static_cast<unsigned long>(commId), shape.nRanks, shape.nNodes, shape.nicsPerNode,
-          shape.nicGbps, nicSource, shape.nvlDomains, calibrationNote.c_str(), context->tuner.measurementCount(),
-          context->tuner.ruleCount(), options.useModel ? "on" : "off");
-  return context;
+          shape.nicGbps, nicSource, shape.nvlDomains, mode.c_str());
+  // Nothing for any call to act on: no context at all, so every getCollInfo returns at once.
+  if (!context->tuner.acts()) return nullptr;
+  return context.release();
 }
 
 ncclResult_t initCore(int abiVersion, uint64_t commId, size_t nRanks, size_t nNodes, ncclDebugLogger_t logger,

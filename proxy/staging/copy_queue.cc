@@ -1,5 +1,8 @@
 #include "proxy/staging/copy_queue.h"
 
+#include <map>
+#include <mutex>
+
 #include "railnet/error.h"
 #include "railnet/log.h"
 
@@ -61,6 +64,36 @@ bool DeviceContext::owns(const void* pointer) const {
          memoryType == cuda::CU_MEMORYTYPE_DEVICE &&
          cuda_.cuPointerGetAttribute(&device, cuda::CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, address) == CUDA_SUCCESS &&
          device == device_;
+}
+
+// ---- CopyContext --------------------------------------------------------------------------------------------
+
+std::shared_ptr<CopyContext> CopyContext::forDevice(const cuda::DriverApi& cuda, int device, std::string* why) {
+  static std::mutex mutex;
+  static std::map<int, std::weak_ptr<CopyContext>> made;  // guarded by mutex
+  std::lock_guard<std::mutex> lock(mutex);
+  if (std::shared_ptr<CopyContext> existing = made[device].lock()) return existing;
+  cuda::CUdevice handle = 0;
+  cuda::CUcontext context = nullptr;
+  CUresult result = cuda.cuDeviceGet(&handle, device);
+  if (result == CUDA_SUCCESS) result = cuda.cuCtxCreate(&context, 0, handle);
+  if (result != CUDA_SUCCESS) {
+    *why = "cuCtxCreate: " + cuda.errorText(result);
+    return nullptr;
+  }
+  cuda::CUcontext popped = nullptr;
+  cuda.cuCtxPopCurrent(&popped);  // cuCtxCreate made it current; the calling thread keeps its own
+  std::shared_ptr<CopyContext> created(new CopyContext(cuda, context));
+  made[device] = created;
+  return created;
+}
+
+CopyContext::~CopyContext() { cuda_.cuCtxDestroy(context_); }
+
+bool CopyContext::canRead(const void* pointer) const {
+  ContextScope scope(cuda_, context_);
+  unsigned char byte = 0;
+  return scope.ok() && cuda_.cuMemcpyDtoH(&byte, reinterpret_cast<cuda::CUdeviceptr>(pointer), 1) == CUDA_SUCCESS;
 }
 
 // ---- ContextScope -------------------------------------------------------------------------------------------

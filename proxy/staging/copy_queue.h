@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -34,6 +35,29 @@ class DeviceContext {
   cuda::CUcontext context_ = nullptr;
   int device_ = -1;
   bool retainedPrimary_ = false;
+};
+
+// A context of railnet's own on one GPU, used only for copies, shared by every comm of the process on that GPU and
+// destroyed with the last. Why: CUDA maps a context's streams onto a few hardware queues in turn, and a process
+// with many streams (PyTorch keeps pools of them) can put a copy stream on the same queue as the stream of an NCCL
+// kernel that is waiting for that very copy, which then never runs (found in the torch check; docs/decisions.md
+// D64). Streams of another context never share a queue with the application's.
+class CopyContext {
+ public:
+  // nullptr (with *why) when the driver cannot make one.
+  static std::shared_ptr<CopyContext> forDevice(const cuda::DriverApi& cuda, int device, std::string* why);
+  ~CopyContext();
+  CopyContext(const CopyContext&) = delete;
+  CopyContext& operator=(const CopyContext&) = delete;
+  cuda::CUcontext context() const { return context_; }
+  // Whether a copy from this context can read `pointer` (memory of another context on the same GPU: yes for
+  // NCCL's cuMem allocations, not for every cudaMalloc).
+  bool canRead(const void* pointer) const;
+
+ private:
+  CopyContext(const cuda::DriverApi& cuda, cuda::CUcontext context) : cuda_(cuda), context_(context) {}
+  const cuda::DriverApi& cuda_;
+  cuda::CUcontext context_;
 };
 
 // Makes `context` current on this thread for the scope, then restores what was current.

@@ -85,6 +85,22 @@ void LandingRing::release(int index) {
   slot.expectedSeq = static_cast<uint16_t>(slot.expectedSeq + slots_.size());
 }
 
+std::string LandingRing::describe() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  static const char* const kStateNames[] = {"empty", "filling", "landed", "copying"};
+  std::string line = "next piece to copy " + std::to_string(nextTaken_) + "; slots:";
+  for (size_t i = 0; i < slots_.size(); ++i) {
+    const Slot& slot = slots_[i];
+    line += " [" + std::to_string(i) + "] piece " + std::to_string(slot.expectedSeq) + " " +
+            kStateNames[static_cast<int>(slot.state)];
+    if (slot.state == State::kFilling) {
+      line += " " + std::to_string(slot.landedBytes) + "/" + std::to_string(slot.piece.length) + " B of receive " +
+              std::to_string(slot.piece.recvId);
+    }
+  }
+  return line;
+}
+
 bool LandingRing::anyTaken() const {
   std::lock_guard<std::mutex> lock(mutex_);
   return taken_ > 0;

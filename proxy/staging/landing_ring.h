@@ -55,6 +55,8 @@ class LandingRing {
   // The copy out of `slot` has finished: the slot now waits for the piece `slots` later.
   void release(int slot);
   bool anyLanded() const;
+  // One line for a stall report: each slot's state and the piece it holds or waits for.
+  std::string describe() const;
 
   int slots() const { return static_cast<int>(slots_.size()); }
   uint64_t pieceBytes() const { return pieceBytes_; }

@@ -58,6 +58,11 @@ void CommStaging::prepare(void* gpuMemory) {
       fail(ncclInvalidArgument, "NET/railnet: %s comm stages through GPU %d; %p is not memory of that GPU",
            role_.c_str(), context_->device(), gpuMemory);
     }
+    if (copyContext_ != nullptr && !copyContext_->canRead(gpuMemory)) {
+      // Refused, not copied wrongly: NCCL then keeps such a buffer (a user buffer) out of the network path.
+      fail(ncclInvalidArgument, "NET/railnet: %s comm's copy context cannot read %p (not a cuMem allocation)",
+           role_.c_str(), gpuMemory);
+    }
     return;
   }
   auto context = std::make_unique<staging::DeviceContext>(cuda, gpuMemory);
@@ -65,10 +70,24 @@ void CommStaging::prepare(void* gpuMemory) {
   slots_ = stagingSlots();
   const int node = staging::numaNodeOfPci(context->pciBusId());
   auto memory = std::make_unique<staging::PinnedMemory>(cuda, pieceBytes_ * static_cast<uint64_t>(slots_), node);
-  auto copies = std::make_unique<staging::CopyQueue>(cuda, context->context(), slots_);
+  // Copies run in railnet's own context on this GPU (copy_queue.h, CopyContext says why), unless it cannot read
+  // the comm's memory; then in the memory's context, with the hazard named in the log.
+  std::string why;
+  std::shared_ptr<staging::CopyContext> copyContext = staging::CopyContext::forDevice(cuda, context->device(), &why);
+  if (copyContext != nullptr && !copyContext->canRead(gpuMemory)) {
+    why = "it cannot read this memory (not a cuMem allocation)";
+    copyContext.reset();
+  }
+  if (copyContext == nullptr) {
+    RN_INFO(NCCL_NET, "NET/railnet: %s comm copies in the application's context (%s): a copy may queue behind an "
+            "NCCL kernel that waits for it when the process has many CUDA streams", role_.c_str(), why.c_str());
+  }
+  auto copies = std::make_unique<staging::CopyQueue>(cuda, copyContext != nullptr ? copyContext->context()
+                                                                                  : context->context(), slots_);
   RN_INFO(NCCL_NET, "NET/railnet: %s comm stages GPU %d memory through %d x %lu KiB pinned on NUMA node %d",
           role_.c_str(), context->device(), slots_, static_cast<unsigned long>(pieceBytes_ >> 10), node);
   context_ = std::move(context);
+  copyContext_ = std::move(copyContext);
   memory_ = std::move(memory);
   copies_ = std::move(copies);
   ready_.store(true, std::memory_order_release);

@@ -66,6 +66,7 @@ class CommStaging final : public MemoryRegistrar {
   uint64_t pieceBytes_ = 0;
   int slots_ = 0;
   std::unique_ptr<staging::DeviceContext> context_;
+  std::shared_ptr<staging::CopyContext> copyContext_;  // null: copies run in the buffers' own context
   std::unique_ptr<staging::PinnedMemory> memory_;
   std::unique_ptr<staging::CopyQueue> copies_;
 };

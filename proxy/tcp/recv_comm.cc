@@ -59,6 +59,7 @@ ncclResult_t TcpRecvComm::irecv(int n, void** data, const size_t* sizes, const i
   if (entry == nullptr) return ncclSuccess;  // more than the ring's receives in flight: try again later
   // Published before the clear-to-send leaves: a helper thread may see the first chunk right after.
   entry->stagedBuffers.store(staged, std::memory_order_release);
+  entry->serial = ++receives_;
   ClearToSendEntry entries[kMaxRecvs];
   const FrameHeader header = Ring::clearToSend(*entry, recvId, 0, entries);
   for (int i = 0; i < n; ++i) {
@@ -172,6 +173,7 @@ ncclResult_t TcpRecvComm::testRequest(RecvRequest* request, int* done, int* size
     if (lock.owns_lock()) {
       pumpControl();
       pumpStaging();
+      reportIfStalled(request);
     }
     if (!request->complete()) {
       if (!peerGone()) return ncclSuccess;
@@ -220,6 +222,24 @@ void TcpRecvComm::chunkReceived(const ChunkHeader& header) noexcept {
   } else {
     ring_.addBytes(header);
   }
+}
+
+void TcpRecvComm::reportIfStalled(const RecvRequest* request) {
+  if (!stallWatch_.due(request->serial)) return;
+  std::string buffers;
+  const uint8_t staged = request->stagedBuffers.load(std::memory_order_relaxed);
+  for (int i = 0; i < request->count(); ++i) {
+    const protocol::ReceiveBuffer& buffer = request->buffer(i);
+    buffers += " [" + std::to_string(i) + "] tag " + std::to_string(buffer.tag) + ((staged >> i & 1) != 0 ? " GPU" : " host") +
+               " " + std::to_string(buffer.received.load(std::memory_order_relaxed)) + " B in";
+  }
+  int waiting = 0;
+  for (int s = 0; s < streams_.count(); ++s) waiting += streams_[s].waitingForSlot() ? 1 : 0;
+  // Not an error: a slow sender looks the same. The report says what the receive waits for, should it never end.
+  RN_WARN("NET/railnet: a receive from %s has waited %lds:%s; %d of %d data streams hold a chunk for a busy "
+          "staging slot; %zu copies up in flight; landing ring: %s", control_.peerName().c_str(),
+          static_cast<long>(protocol::StallWatch::kAfter.count()), buffers.c_str(), waiting, streams_.count(), copyingUp_.size(),
+          landing_.describe().c_str());
 }
 
 void TcpRecvComm::pumpStaging() {

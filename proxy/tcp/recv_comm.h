@@ -14,6 +14,7 @@
 #include "proxy/protocol/control_channel.h"
 #include "proxy/protocol/receive_ring.h"
 #include "proxy/protocol/request_pool.h"
+#include "proxy/protocol/stall_watch.h"
 #include "proxy/staging/landing_ring.h"
 #include "proxy/tcp/data_streams.h"
 #include "proxy/tcp/gpu_staging.h"
@@ -27,6 +28,7 @@ class RecvRequest final : public protocol::CommRequest<TcpRecvComm, RecvRequest>
  public:
   // Bit i: buffer i is GPU memory, landed through staging. Set before the clear-to-send leaves.
   std::atomic<uint8_t> stagedBuffers{0};
+  uint64_t serial = 0;  // which receive this is (entries are reused): for the stall report; under the comm's lock
 };
 
 class TcpRecvComm final : public RecvComm, private StreamOwner {
@@ -53,6 +55,8 @@ class TcpRecvComm final : public RecvComm, private StreamOwner {
   bool peerGone() const;
   // Copies landed pieces up and completes what they finish. Caller holds mutex_.
   void pumpStaging();
+  // A receive incomplete for 10 s gets one WARN with everything that could hold it (caller holds mutex_).
+  void reportIfStalled(const RecvRequest* request);
   // A chunk for a staged buffer: where in the landing slots, or retryLater() / nullptr (failure recorded).
   char* landStagedChunk(RecvRequest* entry, const protocol::ChunkHeader& header) noexcept;
 
@@ -75,6 +79,8 @@ class TcpRecvComm final : public RecvComm, private StreamOwner {
   std::deque<staging::LandingRing::LandedPiece> copyingUp_;  // guarded by mutex_: in the copy queue, in order
   std::vector<staging::LandingRing::LandedPiece> landedScratch_;  // guarded
   std::vector<uint64_t> finishedCopies_;                          // guarded
+  uint64_t receives_ = 0;                                         // guarded: receives posted so far
+  protocol::StallWatch stallWatch_;                               // guarded
 };
 
 }  // namespace railnet::tcp

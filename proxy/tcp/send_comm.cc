@@ -140,6 +140,7 @@ ncclResult_t TcpSendComm::isend(void* data, size_t size, int tag, MemoryRegion* 
     return ncclInternalError;
   }
   sendRequest->size_ = size;
+  sendRequest->serial_ = ++sends_;
 
   if (size == 0 || (size <= inlineBytes_ && !fromGpu && stagedPieceBytes == 0)) {
     // Inline: the bytes are copied into the control queue, so the send is complete at once.
@@ -308,11 +309,33 @@ ncclResult_t TcpSendComm::testRequest(SendRequest* request, int* done, int* size
   // No socket reads here: chunks are written by helper threads, which notice a vanished receiver, and
   // clear-to-sends are read when isend needs one. Polling stays a pair of atomic loads, unless pieces wait for
   // the copy engines or for a staging slot: then this thread moves them on.
-  if (stagingWork_.load(std::memory_order_acquire)) {
+  // Every 4096th unfinished poll also times the send for a stall report: the clock stays off the hot path.
+  const bool timeIt = (testsUnfinished_.fetch_add(1, std::memory_order_relaxed) & 4095) == 0;
+  if (stagingWork_.load(std::memory_order_acquire) || timeIt) {
     std::unique_lock<std::mutex> lock(mutex_, std::try_to_lock);
-    if (lock.owns_lock()) pumpStaging();
+    if (lock.owns_lock()) {
+      pumpStaging();
+      if (timeIt) reportIfStalled(request);
+    }
   }
   return control_.failed() ? control_.reportFailure() : ncclSuccess;
+}
+
+void TcpSendComm::reportIfStalled(const SendRequest* request) {
+  if (!stallWatch_.due(request->serial_)) return;
+  std::string slots;
+  for (int i = 0; i < staging_.slots(); ++i) {
+    slots += " [" + std::to_string(i) + "] " + (slotCopying_[static_cast<size_t>(i)] ? "copying" : "") +
+             std::to_string(slotChunks_[static_cast<size_t>(i)].load(std::memory_order_relaxed)) + " chunks";
+  }
+  std::string queued;
+  for (int s = 0; s < streams_.count(); ++s) queued += " " + std::to_string(streams_[s].queuedBytes());
+  RN_WARN("NET/railnet: a send of %lu bytes to %s has waited %lds with %d chunks unwritten; %zu pieces not started, "
+          "%zu being copied down (%d copies in flight), next piece number %u; slots:%s; bytes queued per stream:%s",
+          static_cast<unsigned long>(request->size_), control_.peerName().c_str(),
+          static_cast<long>(protocol::StallWatch::kAfter.count()), request->pendingChunks_.load(std::memory_order_relaxed),
+          pieces_.size(), copying_.size(), staging_.ready() ? staging_.copies().inFlight() : 0,
+          static_cast<unsigned>(nextPieceSeq_), slots.c_str(), queued.c_str());
 }
 
 bool TcpSendComm::stealChunk(int thief, SendOp* out) noexcept {

@@ -14,6 +14,7 @@
 #include "proxy/protocol/clear_to_send.h"
 #include "proxy/protocol/control_channel.h"
 #include "proxy/protocol/request_pool.h"
+#include "proxy/protocol/stall_watch.h"
 #include "proxy/tcp/data_streams.h"
 #include "proxy/tcp/gpu_staging.h"
 #include "proxy/transport.h"
@@ -27,6 +28,7 @@ class SendRequest final : public protocol::CommRequest<TcpSendComm, SendRequest>
   friend class TcpSendComm;
   std::atomic<int> pendingChunks_{0};
   uint64_t size_ = 0;
+  uint64_t serial_ = 0;  // which send this is (requests are reused): for the stall report
 };
 
 class TcpSendComm final : public SendComm, private StreamOwner {
@@ -82,6 +84,8 @@ class TcpSendComm final : public SendComm, private StreamOwner {
   void queuePiece(const Piece& piece, const char* data, std::atomic<int>* slotPending);
   int freeStagingSlot();
   void warnIfStalled(int tag);
+  // A send not written out after 10 s gets one WARN with its pieces, copies, slots and streams (holds mutex_).
+  void reportIfStalled(const SendRequest* request);
 
   char* resolveChunk(const ChunkHeader& header) noexcept override;
   void chunkReceived(const ChunkHeader& header) noexcept override;
@@ -116,6 +120,9 @@ class TcpSendComm final : public SendComm, private StreamOwner {
   uint16_t nextPieceSeq_ = 0;                       // guarded
   std::vector<uint64_t> finishedCopies_;            // guarded; poll's scratch
   std::atomic<bool> stagingWork_{false};            // pieces_ or copying_ hold something
+  uint64_t sends_ = 0;                              // guarded: sends so far (SendRequest::serial_)
+  protocol::StallWatch stallWatch_;                 // guarded
+  std::atomic<uint32_t> testsUnfinished_{0};
 };
 
 }  // namespace railnet::tcp

@@ -130,6 +130,10 @@ bool Stream::giveQueuedChunk(SendOp* out) {
   std::lock_guard<std::mutex> lock(queueMutex_);
   // The next chunk stays: its own helper is about to write it. Only a backlog behind it is worth moving.
   if (queue_.size() < 2) return false;
+  // A staged chunk (GPU memory at the receiver) stays on its stream: another stream may already carry later
+  // pieces that wait for this one's slot at the receiver, and this chunk would queue behind them there
+  // (proxy/staging/landing_ring.h).
+  if ((queue_.front().header.flags & protocol::kChunkStaged) != 0) return false;
   *out = queue_.front();  // the oldest: the message every later one waits behind
   queue_.pop_front();
   queuedBytes_.fetch_sub(out->header.length, std::memory_order_relaxed);
@@ -207,6 +211,7 @@ bool Stream::startChunk() {
 bool Stream::resolveIncoming() {
   destination_ = owner_->resolveChunk(incoming_);
   awaitingDestination_ = destination_ == StreamOwner::retryLater();
+  waitingForSlot_.store(awaitingDestination_, std::memory_order_relaxed);
   if (awaitingDestination_) return true;
   if (destination_ == nullptr) {
     fail("received a chunk that matches no posted receive", 0, false);

@@ -72,11 +72,14 @@ class Stream final : public progress::EventSource {
   int fd() const noexcept override { return fd_.get(); }
   int index() const { return index_; }
   uint64_t queuedBytes() const { return queuedBytes_.load(std::memory_order_relaxed); }
+  // For stall reports only (racy by nature): the stream holds a chunk back until its staging slot frees.
+  bool waitingForSlot() const { return waitingForSlot_.load(std::memory_order_relaxed); }
   // Sender side, any thread: queue a chunk and wake the helper.
   void enqueue(const SendOp& op);
   // Receiver side, any thread: a chunk this stream was told to retry later may have a destination now.
   void resumeReceive() { wake(); }
-  // Any helper: moves the oldest queued chunk to *out (for an idle sibling) if one more stays queued behind it.
+  // Any helper: moves the oldest queued chunk to *out (for an idle sibling) if one more stays queued behind it
+  // and it is not a staged chunk (those keep their stream's piece order).
   bool giveQueuedChunk(SendOp* out);
 
   // Adds this stream's counts to the process-wide totals; call once no helper touches the stream (detached).
@@ -123,6 +126,7 @@ class Stream final : public progress::EventSource {
   uint64_t payloadLeft_ = 0;
   bool inPayload_ = false;
   bool awaitingDestination_ = false;  // incoming_ was told to retry later: nothing more is read until it lands
+  std::atomic<bool> waitingForSlot_{false};  // awaitingDestination_, published for stall reports
   bool readable_ = true;
   bool writable_ = true;
   StreamTelemetry telemetry_;

@@ -3,6 +3,9 @@
 #   scripts/gpu/tuner-sweep.sh PLUGIN_SO NCCL_TESTS_BIN_DIR OUT_DIR [--quick]
 # (a) every algorithm/protocol NCCL allows, forced (NCCL_ALGO/NCCL_PROTO, no tuner): OUT/forced/COLL__ALGO_PROTO.log
 # (b) NCCL's own choice, no tuner (NCCL_TUNER_PLUGIN=none):                         OUT/default/COLL.log
+#     right after it, railnet's tuner as users get it (found in the net .so, no calibration file, no
+#     RAILNET_TUNER* set; docs/decisions.md D63):                                    OUT/tuner-nocal/COLL.log
+#     -> OUT/compare-nocal.txt: per size NCCL's default time / the tuner's (goal >= 0.97 at every size)
 #     railnet-tune calibrate OUT/forced/*.log -> OUT/calibration.csv
 # (c) railnet's tuner on, found in the net .so, with that calibration:              OUT/tuner/COLL.log
 #     and once more untimed, logging what NCCL ran per size:                       OUT/tuner-picks/COLL.log
@@ -14,7 +17,12 @@
 #   NCCL_MIN_NCHANNELS=NCCL_MAX_NCHANNELS=N, so the calibration can choose channels too (multiplies the time).
 # LL_MAX: largest size for forced LL runs (default 64M): LL moves ~1 GB/s over TCP, so its 1 GiB rows cost
 #   ~15 s each and never win; above LL_MAX the tuner simply has no LL measurement and never picks LL.
+# NOCAL_ONLY=1: only (b) and the uncalibrated tuner (no forced runs, no calibration): the do-no-harm check.
+# NOCAL_REPEATS: how many times (b) and the uncalibrated tuner run, alternating (default 1); repeats go to
+#   COLL.repK.log and compare-nocal takes each side's fastest run per size, so one-off outliers drop out.
 set -euo pipefail
+# The tuner as users get it: loaded from the net .so with railnet's defaults. Runs that want otherwise say so.
+unset NCCL_TUNER_PLUGIN RAILNET_TUNER RAILNET_TUNER_MODEL RAILNET_TUNER_FILE
 PLUGIN=$(realpath "$1"); TESTS=$(realpath "$2"); OUT=$3; QUICK=${4:-}
 PLUGIN_DIR=$(dirname "$PLUGIN")
 here=$(dirname "$(realpath "$0")")
@@ -30,7 +38,7 @@ max=1G
 # comparison is only as good as the iteration count.
 common=(-b 8 -e "$max" -f 2 -g 1 -c 0 -w 2 -n "${SWEEP_ITERS:-5}")
 COLLS=${SWEEP_COLLS:-"all_reduce all_gather reduce_scatter broadcast"}
-mkdir -p "$OUT"/{forced,default,tuner,tuner-picks,tuner-by-name}
+mkdir -p "$OUT"/{forced,default,tuner-nocal,tuner,tuner-picks,tuner-by-name}
 summary="$OUT/sweep-summary.txt"
 echo "# tuner sweep: $RANKS ranks on $NODES fake hosts, plugin $PLUGIN, NCCL from $NCCL_LIB_DIR" | tee "$summary"
 
@@ -52,7 +60,57 @@ combos() {
   esac
 }
 
+# nocal_pair COLL: NCCL's default, then railnet's tuner with no calibration, NOCAL_REPEATS times.
+nocal_pair() {
+  local coll=$1 rep suffix
+  for rep in $(seq 1 "${NOCAL_REPEATS:-1}"); do
+    suffix=""; [ "$rep" -gt 1 ] && suffix=".rep$rep"
+    run "$OUT/default/${coll}${suffix}.log" "coll=$coll" NCCL_DEBUG=WARN NCCL_TUNER_PLUGIN=none -- \
+      "$TESTS/${coll}_perf" "${common[@]}"
+    run "$OUT/tuner-nocal/${coll}${suffix}.log" "coll=$coll" NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT \
+      NCCL_DEBUG_FILE="$OUT/tuner-nocal/${coll}${suffix}.rank{rank}.nccl.txt" -- "$TESTS/${coll}_perf" "${common[@]}"
+  done
+}
+
+# compare_nocal: per collective and size, NCCL's default time / the uncalibrated tuner's (each side's fastest
+# run when repeated); sizes below 0.97 are listed (repeat them to tell noise from harm).
+compare_nocal() {
+  python3 - "$OUT" "$here" <<'PY'
+import glob, os, sys
+out, here = sys.argv[1], sys.argv[2]
+sys.path.insert(0, here)
+from tuner_compare import times, geomean
+def best(directory, coll):
+    merged = {}
+    paths = [os.path.join(out, directory, coll + ".log")]
+    paths += sorted(glob.glob(os.path.join(out, directory, coll + ".rep*.log")))
+    for path in paths:
+        for size, t in times(path).items():
+            merged[size] = min(t, merged.get(size, t))
+    return merged
+names = (os.path.basename(p) for p in glob.glob(os.path.join(out, "tuner-nocal", "*.log")))
+colls = sorted(name[:-4] for name in names if ".rep" not in name)
+low, everything = [], []
+for coll in colls:
+    tuner, default = best("tuner-nocal", coll), best("default", coll)
+    ratios = []
+    print(f"## {coll}\n{'bytes':>12} {'default_us':>10} {'tuner_us':>10} {'default/tuner':>13}")
+    for size in sorted(s for s in tuner if s > 0 and s in default):
+        ratio = default[size] / tuner[size]
+        ratios.append(ratio)
+        flag = "  <0.97" if ratio < 0.97 else ""
+        if flag:
+            low.append(f"{coll} {size} B: {ratio:.3f}")
+        print(f"{size:>12} {default[size]:>10.1f} {tuner[size]:>10.1f} {ratio:>13.3f}{flag}")
+    everything += ratios
+    print(f"geo-mean {coll}: {geomean(ratios):.3f}, min {min(ratios, default=float('nan')):.3f}\n")
+print(f"geo-mean all: {geomean(everything):.3f}; sizes below 0.97: {len(low)} of {len(everything)}"
+      + "".join("\n  " + line for line in low))
+PY
+}
+
 for coll in $COLLS; do
+  if [ "${NOCAL_ONLY:-0}" = 1 ]; then nocal_pair "$coll"; continue; fi
   for combo in $(combos "$coll"); do
     algo=${combo%%:*}; proto=${combo##*:}
     args=("${common[@]}")
@@ -66,9 +124,15 @@ for coll in $COLLS; do
         "$TESTS/${coll}_perf" "${args[@]}"
     done
   done
-  run "$OUT/default/${coll}.log" "coll=$coll" NCCL_DEBUG=WARN NCCL_TUNER_PLUGIN=none -- \
-    "$TESTS/${coll}_perf" "${common[@]}"
+  nocal_pair "$coll"
 done
+
+# The uncalibrated tuner must have said so, once per communicator (docs/decisions.md D63).
+nocal_lines=$(cat "$OUT"/tuner-nocal/*.nccl.txt 2>/dev/null |
+  grep -c "no calibration for this shape: NCCL's choice stands" || true)
+echo "tuner-nocal: $nocal_lines \"no calibration for this shape: NCCL's choice stands\" lines" | tee -a "$summary"
+compare_nocal | tee "$OUT/compare-nocal.txt"
+[ "${NOCAL_ONLY:-0}" = 1 ] && exit 0
 
 "$TUNE" calibrate "$OUT"/forced/*.log -o "$OUT/calibration.csv" --nodes "$NODES" | tee -a "$summary"
 

@@ -59,13 +59,19 @@ ncclResult_t Comm::close() {
   return ncclInternalError;
 }
 
-Registration::Registration(NetApi& net, void* comm, void* data, size_t size) : net_(net), comm_(comm) {
-  REQUIRE_OK(net_.regMr(comm_, data, size, NCCL_PTR_HOST, &mhandle_));
+Registration::Registration(NetApi& net, void* comm, void* data, size_t size, int type) : net_(net), comm_(comm) {
+  const ncclResult_t rc = net_.regMr(comm_, data, size, type, &mhandle_);
+  if (rc != ncclSuccess) mhandle_ = nullptr;
+  REQUIRE(rc == ncclSuccess, strf("regMr(%p, %zu bytes, %s) returned %s", data, size,
+                                  type == NCCL_PTR_CUDA ? "NCCL_PTR_CUDA" : "NCCL_PTR_HOST", ncclResultName(rc)));
   REQUIRE(mhandle_ != nullptr, "regMr returned success without an mhandle");
 }
 
-Registration::~Registration() {
-  if (mhandle_) (void)net_.deregMr(comm_, mhandle_);
+Registration::~Registration() { (void)release(); }
+
+ncclResult_t Registration::release() {
+  void* mhandle = std::exchange(mhandle_, nullptr);
+  return mhandle ? net_.deregMr(comm_, mhandle) : ncclSuccess;
 }
 
 uint64_t nextCommId() {

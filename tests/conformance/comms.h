@@ -63,14 +63,16 @@ class Comm {
   void* comm_ = nullptr;
 };
 
-// regMr(HOST) now, deregMr on destruction.
+// regMr now (host memory unless `type` says NCCL_PTR_CUDA), deregMr on destruction.
 class Registration {
  public:
-  Registration(NetApi& net, void* comm, void* data, size_t size);
+  Registration(NetApi& net, void* comm, void* data, size_t size, int type = NCCL_PTR_HOST);
   ~Registration();
   Registration(const Registration&) = delete;
   Registration& operator=(const Registration&) = delete;
   void* handle() const { return mhandle_; }
+  // deregMr now; returns its result (the destructor cannot report one).
+  ncclResult_t release();
   // Forget the mhandle without deregMr: its comm was closed (which releases what it registered).
   void abandon() { mhandle_ = nullptr; }
 

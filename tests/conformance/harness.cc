@@ -21,6 +21,7 @@ namespace {
 
 Options gOptions;
 int gStartupThreads = -1;
+std::vector<std::string> gSkippedGroups;  // groups whose requirement is unmet on this machine
 
 // Read by signal handlers: fixed storage and lock-free atomics only.
 char gCurrentTest[256] = "(startup)";
@@ -189,7 +190,35 @@ std::string testName(const TestCase& test, int version) {
 
 bool selected(const TestCase& test, const std::string& name) {
   if (!gOptions.group.empty() && !groupSelected(test.group)) return false;
+  if (std::find(gSkippedGroups.begin(), gSkippedGroups.end(), test.group) != gSkippedGroups.end()) return false;
   return gOptions.filter.empty() || name.find(gOptions.filter) != std::string::npos;
+}
+
+// Whether any test of the run (any version) is selected; of `group` only when one is given.
+bool anySelected(const std::vector<int>& versions, const char* group = nullptr) {
+  for (const TestCase& test : registry()) {
+    if (group != nullptr && std::strcmp(test.group, group) != 0) continue;
+    if (test.scope == Scope::Once) {
+      if (selected(test, testName(test, 0))) return true;
+      continue;
+    }
+    for (int v : versions) {
+      if (selected(test, testName(test, v))) return true;
+    }
+  }
+  return false;
+}
+
+// Asks each group requirement whose group has selected tests; an unmet one is reported and its group dropped.
+void applyGroupRequirements(const std::vector<int>& versions) {
+  for (const GroupRequirement& requirement : groupRequirements()) {
+    if (!anySelected(versions, requirement.group)) continue;
+    const std::string why = requirement.unmet();
+    if (why.empty()) continue;
+    std::printf("SKIP %s: %s\n", requirement.group, why.c_str());
+    std::fflush(stdout);
+    gSkippedGroups.push_back(requirement.group);
+  }
 }
 
 std::string oneLine(std::string text) {
@@ -385,6 +414,15 @@ std::vector<TestCase>& registry() {
   return tests;
 }
 
+std::vector<GroupRequirement>& groupRequirements() {
+  static std::vector<GroupRequirement> requirements;
+  return requirements;
+}
+
+RequirementRegistrar::RequirementRegistrar(const char* group, std::string (*unmet)()) {
+  groupRequirements().push_back({group, unmet});
+}
+
 Registrar::Registrar(const char* group, const char* name, Scope scope, void (*fn)(TestEnv&)) {
   registry().push_back({group, name, scope, fn});
 }
@@ -414,6 +452,10 @@ int runHarness(int argc, char** argv) {
     }
     return 0;
   }
+
+  // Before anything is loaded or counted: a requirement may start a driver (its threads count as startup's).
+  applyGroupRequirements(versions);
+  if (!gSkippedGroups.empty() && !anySelected(versions)) return kExitSkipped;
 
   setLogEcho(gOptions.verbose);
   installSignalHandlers();

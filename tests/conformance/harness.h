@@ -170,6 +170,27 @@ struct Registrar {
                                                                                CONFORMANCE_CONCAT(testFn_, __LINE__)); \
   static void CONFORMANCE_CONCAT(testFn_, __LINE__)([[maybe_unused]] ::conformance::TestEnv & env)
 
+// What a whole group needs of the machine (e.g. a GPU): `unmet` returns "" when its tests can run, else why
+// not. The runner asks before running anything; when unmet it prints "SKIP <group>: <why>" once and drops the
+// group's tests, and a run whose every selected test was dropped this way exits 77 (meson's SKIP).
+struct GroupRequirement {
+  const char* group;
+  std::string (*unmet)();
+};
+
+std::vector<GroupRequirement>& groupRequirements();
+
+struct RequirementRegistrar {
+  RequirementRegistrar(const char* group, std::string (*unmet)());
+};
+
+// GROUP_REQUIRES("group", function returning "" or the reason to skip the group);
+#define GROUP_REQUIRES(group, unmet) \
+  static const ::conformance::RequirementRegistrar CONFORMANCE_CONCAT(groupRequirement_, __LINE__)(group, unmet)
+
+// The exit status of a run in which nothing ran because every selected group's requirement was unmet.
+inline constexpr int kExitSkipped = 77;
+
 // Parses the command line (exits on usage errors), runs the selected tests, returns the exit code.
 int runHarness(int argc, char** argv);
 

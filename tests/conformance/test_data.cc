@@ -12,25 +12,6 @@ namespace {
 
 constexpr size_t KiB = size_t{1} << 10;
 constexpr size_t MiB = size_t{1} << 20;
-constexpr size_t kLightLimit = 64 * MiB;  // passes that do not carry the largest sizes stop here
-
-// The largest message this pass may use: --max-size, the device's maxP2pBytes, and the light-pass cap.
-size_t messageLimit(const TestEnv& env) {
-  NetContext ctx(*env.net, nextCommId());
-  DeviceProps props;
-  REQUIRE_OK(env.net->getProperties(env.dev, &props));
-  size_t limit = std::min(options().maxSize, props.maxP2pBytes);
-  if (!env.heavy) limit = std::min(limit, kLightLimit);
-  return limit;
-}
-
-std::vector<size_t> clampSizes(std::vector<size_t> sizes, size_t limit) {
-  std::vector<size_t> out;
-  for (size_t s : sizes) {
-    if (s <= limit) out.push_back(s);
-  }
-  return out;
-}
 
 Plan randomPlan(size_t count, size_t maxSize, int window, uint64_t seed) {
   std::mt19937_64 rng(seed);

@@ -9,11 +9,11 @@
 namespace conformance {
 namespace {
 
-constexpr uint8_t kCanary = 0xA5;
 constexpr size_t kGap = 61;                           // odd: sub-ranges start unaligned; gap bytes are guards
 constexpr size_t kDistinctLimit = size_t{256} << 20;  // up to this, every message gets its own region
 constexpr size_t kCanaryLimit = size_t{64} << 20;     // recv memory pre-filled with canaries up to this
 constexpr int kMaxGroup = 8;
+constexpr size_t kCopyChunk = size_t{4} << 20;  // GPU bytes are checked in host copies of this size (8 | it)
 
 uint64_t mix(uint64_t z) {
   z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
@@ -23,10 +23,86 @@ uint64_t mix(uint64_t z) {
 
 uint64_t patternWord(uint64_t seed, size_t index) { return mix(seed * 0x9E3779B97F4A7C15ull + index); }
 
+uint8_t patternByte(uint64_t seed, size_t position) {
+  const uint64_t word = patternWord(seed, position / 8);
+  return reinterpret_cast<const uint8_t*>(&word)[position % 8];
+}
+
+// Bytes [begin, begin + size) of the pattern (begin a multiple of 8) into `out`.
+void patternRange(uint8_t* out, size_t begin, size_t size, uint64_t seed) {
+  const size_t first = begin / 8;
+  const size_t words = size / 8;
+  for (size_t i = 0; i < words; ++i) {
+    const uint64_t w = patternWord(seed, first + i);
+    std::memcpy(out + 8 * i, &w, 8);
+  }
+  if (size % 8) {
+    const uint64_t w = patternWord(seed, first + words);
+    std::memcpy(out + 8 * words, &w, size % 8);
+  }
+}
+
+// Offset in `data` of the first byte that differs from pattern bytes [begin, begin + size), or SIZE_MAX.
+size_t mismatchRange(const uint8_t* data, size_t begin, size_t size, uint64_t seed) {
+  const size_t first = begin / 8;
+  const size_t words = size / 8;
+  for (size_t i = 0; i < words; ++i) {
+    uint64_t got;
+    std::memcpy(&got, data + 8 * i, 8);
+    const uint64_t want = patternWord(seed, first + i);
+    if (got != want) {
+      for (size_t j = 0; j < 8; ++j) {
+        if (reinterpret_cast<const uint8_t*>(&got)[j] != reinterpret_cast<const uint8_t*>(&want)[j]) {
+          return 8 * i + j;
+        }
+      }
+    }
+  }
+  if (size % 8) {
+    const uint64_t want = patternWord(seed, first + words);
+    for (size_t j = 0; j < size % 8; ++j) {
+      if (data[8 * words + j] != reinterpret_cast<const uint8_t*>(&want)[j]) return 8 * words + j;
+    }
+  }
+  return SIZE_MAX;
+}
+
+// Calls fn(offsetInRange, hostBytes, n) over [offset, offset + size) of `memory` in pieces of kCopyChunk,
+// copying GPU bytes out first; stops early when fn returns false.
+template <typename Fn>
+void scan(const Memory& memory, size_t offset, size_t size, Fn fn) {
+  if (const uint8_t* host = memory.hostData()) {
+    fn(size_t{0}, host + offset, size);
+    return;
+  }
+  std::vector<uint8_t> copy(std::min(size, kCopyChunk));
+  for (size_t done = 0; done < size;) {
+    const size_t n = std::min(kCopyChunk, size - done);
+    memory.read(offset + done, copy.data(), n);
+    if (!fn(done, copy.data(), n)) return;
+    done += n;
+  }
+}
+
 uint64_t messageSeed(const Plan& plan, size_t sendIndex) { return plan.seed * 1000003u + sendIndex + 1; }
+
+// deadline.check(what), with state() appended when the time ran out, so a hang names what was still pending. An
+// abort stays as it is: join() reports the sibling's failure instead.
+template <typename State>
+void checkDeadline(const Deadline& deadline, const char* what, State state) {
+  if (!deadline.expired()) return;
+  try {
+    deadline.check(what);
+  } catch (const TestFailure& e) {
+    if (std::strncmp(e.what(), "aborted:", 8) == 0) throw;
+    throw TestFailure(std::string(e.what()) + " (" + state() + ")");
+  }
+}
 
 // Where every message lives. Distinct mode gives each send / each receive buffer its own region; slot mode
 // (for huge messages) reuses `window` slots, and a slot is posted again only once its previous use completed.
+// Offsets are the same in every memory kind: a side that mixes host and GPU memory has one region of each kind,
+// each of the full size, and a buffer lies in the region of its own kind (the rest of the other stays unused).
 struct Layout {
   size_t sendSlots = 0;
   std::vector<size_t> sendSlotOffset;
@@ -124,23 +200,72 @@ Layout makeLayout(const Plan& plan) {
 }
 
 // Which send's bytes a buffer holds, for a readable report when data landed in the wrong place.
-std::string identify(const Plan& plan, const uint8_t* data, size_t size) {
+std::string identify(const Plan& plan, const Memory& memory, size_t offset, size_t size) {
   if (size == 0 || size > (size_t{1} << 20) || plan.sends.size() > 4096) return "";
+  std::vector<uint8_t> data(size);
+  memory.read(offset, data.data(), size);
   for (size_t i = 0; i < plan.sends.size(); ++i) {
-    if (plan.sends[i].size >= size && findMismatch(data, size, messageSeed(plan, i)) == SIZE_MAX) {
+    if (plan.sends[i].size >= size && findMismatch(data.data(), size, messageSeed(plan, i)) == SIZE_MAX) {
       return strf(" (it holds the bytes of send #%zu, tag %d)", i, plan.sends[i].tag);
     }
   }
   return "";
 }
 
+// One side's memory: a region of each kind its half of the plan uses (host when it uses none), all of the
+// layout's size, each registered once on the comm; isend/irecv address sub-ranges with its mhandle, as NCCL does.
+class SideMemory {
+ public:
+  SideMemory(size_t bytes, const bool (&kinds)[kMemKinds]) {
+    const bool any = kinds[0] || kinds[1];
+    for (MemKind kind : {MemKind::Host, MemKind::Gpu}) {
+      const int k = kindIndex(kind);
+      if (kinds[k] || (!any && kind == MemKind::Host)) regions_[k] = allocateMemory(kind, bytes);
+    }
+  }
+
+  Memory& region(MemKind kind) const {
+    const std::unique_ptr<Memory>& memory = regions_[kindIndex(kind)];
+    REQUIRE(memory != nullptr, strf("no %s region on this side", kindName(kind)));
+    return *memory;
+  }
+  void* handle(MemKind kind) const { return registrations_[kindIndex(kind)]->handle(); }
+
+  void fillAll(uint8_t value) {
+    for (auto& memory : regions_) {
+      if (memory) memory->fill(0, value, memory->size());
+    }
+  }
+  void registerOn(NetApi& net, void* comm) {
+    for (int k = 0; k < kMemKinds; ++k) {
+      if (regions_[k]) {
+        registrations_[k].emplace(net, comm, regions_[k]->data(), regions_[k]->size(), ptrType(regions_[k]->kind()));
+      }
+    }
+  }
+  void attachThread() const {
+    for (const auto& memory : regions_) {
+      if (memory) memory->attachThread();
+    }
+  }
+  // Forget the mhandles without deregMr: the comm was closed.
+  void abandon() {
+    for (auto& registration : registrations_) {
+      if (registration) registration->abandon();
+    }
+  }
+
+ private:
+  std::unique_ptr<Memory> regions_[kMemKinds];
+  std::optional<Registration> registrations_[kMemKinds];  // after regions_: deregistered before the memory goes
+};
+
 class Sender {
  public:
-  Sender(NetApi& net, void* comm, void* mhandle, uint8_t* base, const Plan& plan, const Layout& layout)
+  Sender(NetApi& net, void* comm, const SideMemory& memory, const Plan& plan, const Layout& layout)
       : net_(net),
         comm_(comm),
-        mhandle_(mhandle),
-        base_(base),
+        memory_(memory),
         plan_(plan),
         layout_(layout),
         slotBusy_(layout.sendSlots, false),
@@ -151,7 +276,7 @@ class Sender {
   void run(const Deadline& deadline) {
     Backoff backoff;
     while (completed_ < plan_.sends.size()) {
-      deadline.check("isend requests to complete");
+      checkDeadline(deadline, "isend requests to complete", [this] { return state(); });
       const bool posted = post();
       const bool tested = testAll();
       (posted || tested) ? backoff.progressed() : backoff.idle();
@@ -190,21 +315,35 @@ class Sender {
 
   bool tryPost(size_t i) {
     const SendSpec& spec = plan_.sends[i];
-    uint8_t* data = base_ + layout_.sendSlotOffset[layout_.sendSlot(i)];
+    Memory& memory = memory_.region(spec.memory);
+    const size_t offset = layout_.sendSlotOffset[layout_.sendSlot(i)];
     if (!filled_[i]) {
-      fillPattern(data, spec.size, messageSeed(plan_, i));
+      writePattern(memory, offset, spec.size, messageSeed(plan_, i));
       filled_[i] = true;
     }
     void* request = nullptr;
-    const ncclResult_t rc = net_.isend(comm_, data, spec.size, spec.tag, mhandle_, &request);
-    REQUIRE(rc == ncclSuccess,
-            strf("isend #%zu (tag %d, %zu bytes) returned %s", i, spec.tag, spec.size, ncclResultName(rc)));
+    const ncclResult_t rc =
+        net_.isend(comm_, memory.data() + offset, spec.size, spec.tag, memory_.handle(spec.memory), &request);
+    REQUIRE(rc == ncclSuccess, strf("isend #%zu (tag %d, %zu bytes of %s memory) returned %s", i, spec.tag, spec.size,
+                                    kindName(spec.memory), ncclResultName(rc)));
     if (!request) return false;
     inflight_.push_back({request, i});
     ++inflightPerTag_[spec.tag];
     slotBusy_[layout_.sendSlot(i)] = true;
     queues_[spec.tag].pop_front();
     return true;
+  }
+
+  std::string state() const {
+    const size_t unposted = plan_.sends.size() - completed_ - inflight_.size();
+    std::string out = strf("%zu of %zu isends completed, %zu not yet posted, %zu in flight%s", completed_,
+                           plan_.sends.size(), unposted, inflight_.size(), inflight_.empty() ? "" : ":");
+    for (size_t k = 0; k < inflight_.size() && k < 4; ++k) {
+      const SendSpec& spec = plan_.sends[inflight_[k].index];
+      out += strf(" #%zu (tag %d, %zu bytes of %s memory)", inflight_[k].index, spec.tag, spec.size,
+                  kindName(spec.memory));
+    }
+    return out;
   }
 
   bool testAll() {
@@ -237,8 +376,7 @@ class Sender {
 
   NetApi& net_;
   void* comm_;
-  void* mhandle_;
-  uint8_t* base_;
+  const SideMemory& memory_;
   const Plan& plan_;
   const Layout& layout_;
   std::map<int, std::deque<size_t>> queues_;
@@ -251,11 +389,10 @@ class Sender {
 
 class Receiver {
  public:
-  Receiver(NetApi& net, void* comm, void* mhandle, uint8_t* base, const Plan& plan, const Layout& layout)
+  Receiver(NetApi& net, void* comm, const SideMemory& memory, const Plan& plan, const Layout& layout)
       : net_(net),
         comm_(comm),
-        mhandle_(mhandle),
-        base_(base),
+        memory_(memory),
         plan_(plan),
         layout_(layout),
         slotBusy_(layout.recvSlots, false) {}
@@ -263,7 +400,7 @@ class Receiver {
   void run(const Deadline& deadline) {
     Backoff backoff;
     while (completed_ < plan_.recvs.size()) {
-      deadline.check("irecv requests to complete");
+      checkDeadline(deadline, "irecv requests to complete", [this] { return state(); });
       const bool posted = post();
       const bool tested = testAll();
       (posted || tested) ? backoff.progressed() : backoff.idle();
@@ -277,7 +414,25 @@ class Receiver {
     size_t group;
   };
 
-  uint8_t* bufferAt(size_t g, size_t b) const { return base_ + layout_.recvSlotOffset[layout_.recvSlot(g)][b]; }
+  std::string state() const {
+    std::string out = strf("%zu of %zu irecvs completed, %zu not yet posted, %zu in flight%s", completed_,
+                           plan_.recvs.size(), plan_.recvs.size() - next_, inflight_.size(),
+                           inflight_.empty() ? "" : ":");
+    for (size_t k = 0; k < inflight_.size() && k < 4; ++k) {
+      const size_t g = inflight_[k].group;
+      out += strf(" #%zu (", g);
+      for (size_t b = 0; b < plan_.recvs[g].size(); ++b) {
+        const RecvSpec& r = plan_.recvs[g][b];
+        out += strf("%stag %d: %zu of %zu bytes into %s memory", b ? ", " : "", r.tag,
+                    plan_.sends[layout_.expected[g][b]].size, r.capacity, kindName(r.memory));
+      }
+      out += ")";
+    }
+    return out;
+  }
+
+  size_t offsetOf(size_t g, size_t b) const { return layout_.recvSlotOffset[layout_.recvSlot(g)][b]; }
+  Memory& memoryOf(size_t g, size_t b) const { return memory_.region(plan_.recvs[g][b].memory); }
 
   bool post() {
     bool any = false;
@@ -291,13 +446,14 @@ class Receiver {
       int tags[kMaxGroup];
       void* mhandles[kMaxGroup];
       for (int b = 0; b < n; ++b) {
-        data[b] = bufferAt(g, b);
+        Memory& memory = memoryOf(g, b);
+        data[b] = memory.data() + offsetOf(g, b);
         sizes[b] = group[b].capacity;
         tags[b] = group[b].tag;
-        mhandles[b] = mhandle_;
+        mhandles[b] = memory_.handle(group[b].memory);
         // Slot reuse: restore canaries so writes past the received size are caught.
         if (!layout_.recvDistinct && group[b].capacity <= kCanaryLimit) {
-          std::memset(data[b], kCanary, group[b].capacity);
+          memory.fill(offsetOf(g, b), kCanary, group[b].capacity);
         }
       }
       const bool optional = plan_.optionalCompletion && n == 1 && g % 2 == 0;
@@ -342,25 +498,30 @@ class Receiver {
     const RecvGroup& group = plan_.recvs[g];
     for (size_t b = 0; b < group.size(); ++b) {
       const size_t sendIndex = layout_.expected[g][b];
-      const size_t expectedSize = plan_.sends[sendIndex].size;
-      const uint8_t* data = bufferAt(g, b);
-      const std::string where =
-          strf("irecv #%zu buffer %zu (tag %d, posted %zu)", g, b, group[b].tag, group[b].capacity);
+      const SendSpec& send = plan_.sends[sendIndex];
+      const size_t expectedSize = send.size;
+      const Memory& memory = memoryOf(g, b);
+      const size_t offset = offsetOf(g, b);
+      const std::string where = strf("irecv #%zu buffer %zu (tag %d, posted %zu bytes of %s memory at offset %zu)", g,
+                                     b, group[b].tag, group[b].capacity, kindName(group[b].memory), offset);
       if (sizes) {
         REQUIRE(sizes[b] == static_cast<int>(expectedSize),
                 strf("%s: test reported %d bytes, the matching send #%zu had %zu", where.c_str(), sizes[b], sendIndex,
                      expectedSize));
       }
-      const size_t bad = findMismatch(data, expectedSize, messageSeed(plan_, sendIndex));
-      REQUIRE(bad == SIZE_MAX, strf("%s: byte %zu of %zu differs from send #%zu%s", where.c_str(), bad, expectedSize,
-                                    sendIndex, identify(plan_, data, expectedSize).c_str()));
+      const uint64_t seed = messageSeed(plan_, sendIndex);
+      if (findMismatch(memory, offset, expectedSize, seed) != SIZE_MAX) {
+        fail(__FILE__, __LINE__,
+             strf("%s: send #%zu (%zu bytes of %s memory) arrived wrong: %s%s", where.c_str(), sendIndex, expectedSize,
+                  kindName(send.memory), describeMismatch(memory, offset, expectedSize, seed).c_str(),
+                  identify(plan_, memory, offset, expectedSize).c_str()));
+      }
       const bool canaried =
           layout_.recvDistinct ? layout_.recvBytes <= kCanaryLimit : group[b].capacity <= kCanaryLimit;
       if (canaried) {
-        for (size_t j = expectedSize; j < group[b].capacity; ++j) {
-          REQUIRE(data[j] == kCanary,
-                  strf("%s: byte %zu written past the %zu received bytes", where.c_str(), j, expectedSize));
-        }
+        const size_t past = findOtherThan(memory, offset + expectedSize, group[b].capacity - expectedSize, kCanary);
+        REQUIRE(past == SIZE_MAX, strf("%s: byte %zu written past the %zu received bytes", where.c_str(),
+                                       expectedSize + past, expectedSize));
       }
     }
   }
@@ -368,18 +529,16 @@ class Receiver {
   void checkGaps() const {
     for (size_t g = 0; g < plan_.recvs.size(); ++g) {
       for (size_t b = 0; b < plan_.recvs[g].size(); ++b) {
-        const uint8_t* gap = bufferAt(g, b) - kGap;
-        for (size_t j = 0; j < kGap; ++j) {
-          REQUIRE(gap[j] == kCanary, strf("a byte before irecv #%zu buffer %zu was overwritten", g, b));
-        }
+        const size_t j = findOtherThan(memoryOf(g, b), offsetOf(g, b) - kGap, kGap, kCanary);
+        REQUIRE(j == SIZE_MAX, strf("byte %zu before irecv #%zu buffer %zu (%s memory) was overwritten", kGap - j, g,
+                                    b, kindName(plan_.recvs[g][b].memory)));
       }
     }
   }
 
   NetApi& net_;
   void* comm_;
-  void* mhandle_;
-  uint8_t* base_;
+  const SideMemory& memory_;
   const Plan& plan_;
   const Layout& layout_;
   std::vector<bool> slotBusy_;
@@ -390,39 +549,72 @@ class Receiver {
 
 }  // namespace
 
-void fillPattern(uint8_t* data, size_t size, uint64_t seed) {
-  const size_t words = size / 8;
-  for (size_t i = 0; i < words; ++i) {
-    const uint64_t w = patternWord(seed, i);
-    std::memcpy(data + 8 * i, &w, 8);
+void fillPattern(uint8_t* data, size_t size, uint64_t seed) { patternRange(data, 0, size, seed); }
+
+size_t findMismatch(const uint8_t* data, size_t size, uint64_t seed) { return mismatchRange(data, 0, size, seed); }
+
+void writePattern(Memory& memory, size_t offset, size_t size, uint64_t seed) {
+  if (uint8_t* host = memory.hostData()) {
+    patternRange(host + offset, 0, size, seed);
+    return;
   }
-  if (size % 8) {
-    const uint64_t w = patternWord(seed, words);
-    std::memcpy(data + 8 * words, &w, size % 8);
+  std::vector<uint8_t> chunk(std::min(size, kCopyChunk));
+  for (size_t done = 0; done < size;) {
+    const size_t n = std::min(kCopyChunk, size - done);
+    patternRange(chunk.data(), done, n, seed);
+    memory.write(offset + done, chunk.data(), n);
+    done += n;
   }
 }
 
-size_t findMismatch(const uint8_t* data, size_t size, uint64_t seed) {
-  const size_t words = size / 8;
-  for (size_t i = 0; i < words; ++i) {
-    uint64_t got;
-    std::memcpy(&got, data + 8 * i, 8);
-    const uint64_t want = patternWord(seed, i);
-    if (got != want) {
-      for (size_t j = 0; j < 8; ++j) {
-        if (reinterpret_cast<const uint8_t*>(&got)[j] != reinterpret_cast<const uint8_t*>(&want)[j]) {
-          return 8 * i + j;
+size_t findMismatch(const Memory& memory, size_t offset, size_t size, uint64_t seed) {
+  size_t bad = SIZE_MAX;
+  scan(memory, offset, size, [&](size_t at, const uint8_t* bytes, size_t n) {
+    const size_t j = mismatchRange(bytes, at, n, seed);
+    if (j != SIZE_MAX) bad = at + j;
+    return j == SIZE_MAX;
+  });
+  return bad;
+}
+
+std::string describeMismatch(const Memory& memory, size_t offset, size_t size, uint64_t seed) {
+  size_t first = SIZE_MAX, last = 0, count = 0;
+  uint8_t firstGot = 0;
+  scan(memory, offset, size, [&](size_t at, const uint8_t* bytes, size_t n) {
+    for (size_t j = 0; j < n; j += 8) {  // `at` is a multiple of 8: whole pattern words compare at once
+      const size_t word = std::min<size_t>(8, n - j);
+      if (mismatchRange(bytes + j, at + j, word, seed) == SIZE_MAX) continue;
+      for (size_t k = j; k < j + word; ++k) {
+        if (bytes[k] == patternByte(seed, at + k)) continue;
+        if (first == SIZE_MAX) {
+          first = at + k;
+          firstGot = bytes[k];
         }
+        last = at + k;
+        ++count;
       }
     }
-  }
-  if (size % 8) {
-    const uint64_t want = patternWord(seed, words);
-    for (size_t j = 0; j < size % 8; ++j) {
-      if (data[8 * words + j] != reinterpret_cast<const uint8_t*>(&want)[j]) return 8 * words + j;
+    return true;
+  });
+  if (first == SIZE_MAX) return "";
+  const char* note = firstGot == kCanary ? " (the canary: never written)" : firstGot == 0 ? " (zero)" : "";
+  return strf("first wrong byte at %zu of %zu (%s memory): expected 0x%02x, got 0x%02x%s; %zu byte(s) differ, the "
+              "last at %zu",
+              first, size, kindName(memory.kind()), patternByte(seed, first), firstGot, note, count, last);
+}
+
+size_t findOtherThan(const Memory& memory, size_t offset, size_t size, uint8_t value) {
+  size_t bad = SIZE_MAX;
+  scan(memory, offset, size, [&](size_t at, const uint8_t* bytes, size_t n) {
+    for (size_t j = 0; j < n; ++j) {
+      if (bytes[j] != value) {
+        bad = at + j;
+        return false;
+      }
     }
-  }
-  return SIZE_MAX;
+    return true;
+  });
+  return bad;
 }
 
 Plan simplePlan(const std::vector<size_t>& sizes, int window, uint64_t seed) {
@@ -436,25 +628,58 @@ Plan simplePlan(const std::vector<size_t>& sizes, int window, uint64_t seed) {
   return plan;
 }
 
+Plan& placeMemory(Plan& plan, MemKind send, MemKind recv) {
+  for (SendSpec& s : plan.sends) s.memory = send;
+  for (RecvGroup& group : plan.recvs) {
+    for (RecvSpec& r : group) r.memory = recv;
+  }
+  return plan;
+}
+
+size_t messageLimit(const TestEnv& env) {
+  constexpr size_t kLightLimit = size_t{64} << 20;  // passes that do not carry the largest sizes stop here
+  NetContext ctx(*env.net, nextCommId());
+  DeviceProps props;
+  REQUIRE_OK(env.net->getProperties(env.dev, &props));
+  size_t limit = std::min(options().maxSize, props.maxP2pBytes);
+  if (!env.heavy) limit = std::min(limit, kLightLimit);
+  return limit;
+}
+
+std::vector<size_t> clampSizes(const std::vector<size_t>& sizes, size_t limit) {
+  std::vector<size_t> out;
+  for (size_t s : sizes) {
+    if (s <= limit) out.push_back(s);
+  }
+  return out;
+}
+
 void runTransfer(NetApi& net, Connection& conn, const Plan& plan, const std::function<void()>& beforeClose) {
   const Layout layout = makeLayout(plan);
-  // Buffers outlive the comms on every path: on failure the comms are closed before the memory goes away.
-  HostBuffer sendBuffer(layout.sendBytes);
-  HostBuffer recvBuffer(layout.recvBytes);
-  if (layout.recvDistinct && layout.recvBytes <= kCanaryLimit) {
-    std::memset(recvBuffer.data(), kCanary, recvBuffer.size());
+  bool sendKinds[kMemKinds] = {}, recvKinds[kMemKinds] = {};
+  for (const SendSpec& s : plan.sends) sendKinds[kindIndex(s.memory)] = true;
+  for (const RecvGroup& group : plan.recvs) {
+    for (const RecvSpec& r : group) recvKinds[kindIndex(r.memory)] = true;
   }
-  std::optional<Registration> sendReg, recvReg;
+  // Memory outlives the comms on every path: on failure the comms are closed before the memory goes away.
+  SideMemory sendMemory(layout.sendBytes, sendKinds);
+  SideMemory recvMemory(layout.recvBytes, recvKinds);
+  if (layout.recvDistinct && layout.recvBytes <= kCanaryLimit) recvMemory.fillAll(kCanary);
   try {
-    // Registered once per buffer; isend/irecv address sub-ranges with the same mhandle (as NCCL does).
-    sendReg.emplace(net, conn.send.get(), sendBuffer.data(), sendBuffer.size());
-    recvReg.emplace(net, conn.recv.get(), recvBuffer.data(), recvBuffer.size());
+    sendMemory.registerOn(net, conn.send.get());
+    recvMemory.registerOn(net, conn.recv.get());
     ThreadGroup threads;
     const Deadline deadline(threads.abortFlag());
-    Sender sender(net, conn.send.get(), sendReg->handle(), sendBuffer.data(), plan, layout);
-    Receiver receiver(net, conn.recv.get(), recvReg->handle(), recvBuffer.data(), plan, layout);
-    threads.spawn([&] { receiver.run(deadline); });
-    threads.spawn([&] { sender.run(deadline); });
+    Sender sender(net, conn.send.get(), sendMemory, plan, layout);
+    Receiver receiver(net, conn.recv.get(), recvMemory, plan, layout);
+    threads.spawn([&] {
+      recvMemory.attachThread();
+      receiver.run(deadline);
+    });
+    threads.spawn([&] {
+      sendMemory.attachThread();
+      sender.run(deadline);
+    });
     threads.join();
   } catch (...) {
     // Requests may still be in flight: close the comms (allowed with requests pending) so the plugin stops
@@ -462,8 +687,8 @@ void runTransfer(NetApi& net, Connection& conn, const Plan& plan, const std::fun
     if (beforeClose) beforeClose();
     (void)conn.send.close();
     (void)conn.recv.close();
-    if (sendReg) sendReg->abandon();
-    if (recvReg) recvReg->abandon();
+    sendMemory.abandon();
+    recvMemory.abandon();
     throw;
   }
 }

@@ -1,6 +1,7 @@
 // Moving and verifying data the way NCCL's proxy progress threads do: a sender that keeps up to a window of
 // isends in flight and retries NULL requests (progressing each tag independently, as NCCL does per peer),
-// and a receiver that posts (grouped) irecvs in order and checks every byte, size and untouched byte.
+// and a receiver that posts (grouped) irecvs in order and checks every byte, size and untouched byte. Each
+// send and each receive buffer lives in host or GPU memory (memory.h), as the plan says.
 #pragma once
 
 #include <cstddef>
@@ -10,22 +11,36 @@
 #include <vector>
 
 #include "comms.h"
+#include "memory.h"
 
 namespace conformance {
+
+// What receive memory holds where nothing may be written (around and past each posted buffer).
+inline constexpr uint8_t kCanary = 0xA5;
 
 // Deterministic bytes for a message: byte j depends only on (seed, j), so a receiver can check any range.
 void fillPattern(uint8_t* data, size_t size, uint64_t seed);
 // Offset of the first byte that differs from the pattern, or SIZE_MAX.
 size_t findMismatch(const uint8_t* data, size_t size, uint64_t seed);
+// The same for a message at `offset` in memory of either kind (GPU memory is copied out piecewise).
+void writePattern(Memory& memory, size_t offset, size_t size, uint64_t seed);
+size_t findMismatch(const Memory& memory, size_t offset, size_t size, uint64_t seed);
+// "" when the `size` bytes at `offset` hold the pattern, else what differs: the first wrong byte with the value
+// expected and the one found, how many bytes differ and the last of them.
+std::string describeMismatch(const Memory& memory, size_t offset, size_t size, uint64_t seed);
+// Offset (from `offset`) of the first of `size` bytes that is not `value`, or SIZE_MAX.
+size_t findOtherThan(const Memory& memory, size_t offset, size_t size, uint8_t value);
 
 struct SendSpec {
   int tag;
   size_t size;
+  MemKind memory = MemKind::Host;  // where the bytes are sent from
 };
 
 struct RecvSpec {
   int tag;
-  size_t capacity;  // the posted size; the matching send may be smaller
+  size_t capacity;                 // the posted size; the matching send may be smaller
+  MemKind memory = MemKind::Host;  // where the bytes land
 };
 
 using RecvGroup = std::vector<RecvSpec>;  // one irecv of n = size() buffers
@@ -44,9 +59,17 @@ struct Plan {
 
 // A plan of `count` single-buffer messages of tag 0.
 Plan simplePlan(const std::vector<size_t>& sizes, int window, uint64_t seed);
+// Every send from `send` memory, every receive buffer in `recv` memory.
+Plan& placeMemory(Plan& plan, MemKind send, MemKind recv);
 
-// Runs the plan over `conn` (sender and receiver on two threads), registering one send and one recv buffer
-// once each. Throws TestFailure on any error, mismatch, or timeout.
+// The largest message this pass may use: --max-size, the device's maxP2pBytes, and 64 MiB unless the pass
+// carries the largest sizes (env.heavy).
+size_t messageLimit(const TestEnv& env);
+// The sizes that are at most `limit`, in order.
+std::vector<size_t> clampSizes(const std::vector<size_t>& sizes, size_t limit);
+
+// Runs the plan over `conn` (sender and receiver on two threads), registering one send and one recv region of
+// each memory kind the plan uses once each. Throws TestFailure on any error, mismatch, or timeout.
 // `beforeClose` runs on failure before the comms are closed (to stop other users of the comms first).
 void runTransfer(NetApi& net, Connection& conn, const Plan& plan, const std::function<void()>& beforeClose = {});
 

@@ -55,6 +55,11 @@ void captureLog(ncclDebugLogLevel level, unsigned long, const char*, int, const 
   gLog.push_back(std::string(level == NCCL_LOG_WARN ? "WARN " : "INFO ") + line);
 }
 
+void clearLog() {
+  std::lock_guard<std::mutex> lock(gLogMutex);
+  gLog.clear();
+}
+
 bool logged(const std::string& text) {
   std::lock_guard<std::mutex> lock(gLogMutex);
   for (const std::string& line : gLog) {
@@ -86,8 +91,9 @@ struct Table {
   bool operator==(const Table& other) const { return std::memcmp(cost, other.cost, sizeof(cost)) == 0; }
 };
 
-// A calibration file in which tree/LL128 is fastest for a 2-rank, 2-node allreduce at 1 KiB, plus a chunk rule.
-std::string writeCalibration() {
+// A calibration file in which tree/LL128 is fastest for a 2-rank, 2-node allreduce at 1 KiB, plus (unless
+// measurementsOnly) a chunk rule for allgather on any shape.
+std::string writeCalibration(bool measurementsOnly = false) {
   char path[] = "/tmp/railnet-tuner-abi-XXXXXX";
   int fd = mkstemp(path);
   REQUIRE(fd >= 0);
@@ -99,8 +105,8 @@ std::string writeCalibration() {
          "allreduce,1024,1024,ring,simple,-1,2,2,-1,-1,100\n"
          "allreduce,1024,1024,tree,ll,-1,2,2,-1,-1,70\n"
          "allreduce,1024,1024,tree,ll128,-1,2,2,-1,-1,10\n"
-         "allreduce,1024,1024,tree,simple,-1,2,2,-1,-1,60\n"
-         "allgather,0,4294967295,ring,simple,-1,-1,-1,-1,-1,,,524288\n";
+         "allreduce,1024,1024,tree,simple,-1,2,2,-1,-1,60\n";
+  if (!measurementsOnly) out << "allgather,0,4294967295,ring,simple,-1,-1,-1,-1,-1,,,524288\n";
   return path;
 }
 
@@ -290,6 +296,92 @@ TEST_CASE("NCCL_ALGO / NCCL_PROTO set by the user, or RAILNET_TUNER=off, leave e
       CHECK(channels == 0);
       CHECK(version.finalize(table, ctx) == ncclSuccess);
     }
+  }
+  unlink(file.c_str());
+}
+
+namespace {
+
+// NCCL's table with (algo, proto) as its pick: that entry cheapest, the rest as Table{} fills them.
+Table pickedBy(int algo, int proto) {
+  Table table;
+  table.cost[algo][proto] = 10.0f;
+  return table;
+}
+
+// Every collective NCCL asks about, 8 B .. 1 GiB, with NCCL's pick at each tree/ring entry in turn: how many
+// calls changed the table or *nChannels; `skip` leaves out what a calibration covers.
+int changedCalls(const Version& version, void* table, void* ctx, bool (*skip)(int coll, size_t bytes)) {
+  int changed = 0;
+  for (int coll = 0; coll < 5; ++coll) {
+    for (size_t bytes = 8; bytes <= (size_t{1} << 30); bytes *= 2) {
+      if (skip != nullptr && skip(coll, bytes)) continue;
+      for (int algo : {NCCL_ALGO_TREE, NCCL_ALGO_RING}) {
+        for (int proto = 0; proto < NCCL_NUM_PROTOCOLS; ++proto) {
+          Table costs = pickedBy(algo, proto);
+          int channels = 7;
+          CHECK(version.collInfo(table, ctx, static_cast<ncclFunc_t>(coll), bytes, &costs, &channels) == ncclSuccess);
+          if (!(costs == pickedBy(algo, proto)) || channels != 7) ++changed;
+        }
+      }
+    }
+  }
+  return changed;
+}
+
+}  // namespace
+
+// Issue 12, D63: auto-loaded with no calibration file, as users get it, the tuner leaves every table alone.
+TEST_CASE("with no calibration file every version leaves NCCL's table unchanged, every collective and size",
+          "[tuner-abi]") {
+  Env tunerFile("RAILNET_TUNER_FILE", nullptr);
+  Env model("RAILNET_TUNER_MODEL", nullptr);
+  Env tuner("RAILNET_TUNER", nullptr);
+  Env algo("NCCL_ALGO", nullptr);
+  Env proto("NCCL_PROTO", nullptr);
+  for (const Version& version : versions()) {
+    INFO("ncclTunerPlugin_v" << version.number);
+    void* table = tableOf(version.number);
+    for (size_t nodes : {size_t{1}, size_t{2}, size_t{8}}) {
+      INFO(nodes << " nodes");
+      clearLog();
+      void* ctx = version.init(table, 8 * nodes, nodes);
+      CHECK(logged("no calibration for this shape: NCCL's choice stands"));
+      CHECK(changedCalls(version, table, ctx, nullptr) == 0);
+      CHECK(version.finalize(table, ctx) == ncclSuccess);
+    }
+  }
+}
+
+TEST_CASE("with a calibration file and default settings the calibrated choice wins and the rest stays NCCL's",
+          "[tuner-abi]") {
+  std::string file = writeCalibration(/*measurementsOnly=*/true);
+  Env tunerFile("RAILNET_TUNER_FILE", file.c_str());
+  Env model("RAILNET_TUNER_MODEL", nullptr);
+  Env algo("NCCL_ALGO", nullptr);
+  Env proto("NCCL_PROTO", nullptr);
+  for (const Version& version : versions()) {
+    INFO("ncclTunerPlugin_v" << version.number);
+    void* table = tableOf(version.number);
+    clearLog();
+    void* ctx = version.init(table, 2, 2);
+    CHECK(logged("calibrated from " + file));
+    Table costs;
+    int channels = 0;
+    CHECK(version.collInfo(table, ctx, ncclFuncAllReduce, 1024, &costs, &channels) == ncclSuccess);
+    CHECK(costs.cost[NCCL_ALGO_TREE][NCCL_PROTO_LL128] == 0.0f);
+    // Measured: allreduce at 1 KiB, trusted from 0 B up to 2 KiB. Everything else: NCCL's choice.
+    CHECK(changedCalls(version, table, ctx, [](int coll, size_t bytes) {
+            return coll == ncclFuncAllReduce && bytes <= 2048;
+          }) == 0);
+    CHECK(version.finalize(table, ctx) == ncclSuccess);
+    // Another shape: the file has no row for it.
+    clearLog();
+    ctx = version.init(table, 4, 2);
+    CHECK(logged("no calibration for this shape: NCCL's choice stands (" + file +
+                 " has no row for 4 ranks on 2 nodes)"));
+    CHECK(changedCalls(version, table, ctx, nullptr) == 0);
+    CHECK(version.finalize(table, ctx) == ncclSuccess);
   }
   unlink(file.c_str());
 }

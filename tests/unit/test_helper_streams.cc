@@ -281,5 +281,18 @@ TEST_CASE("a stream gives away its oldest queued chunk only while another stays 
   CHECK_FALSE(stream.giveQueuedChunk(&given));  // the last one stays for its own helper
   CHECK(stream.queuedBytes() == 2 * kChunk);
   CHECK(pending.load() == 4);
+  // Staged chunks (pieces landing in a GPU receiver's slots) keep their stream, however long the backlog.
+  for (int i = 0; i < 2; ++i) {
+    SendOp op{};
+    op.header.flags = railnet::protocol::kChunkStaged;
+    op.header.offset = 4 * kChunk;
+    op.header.length = 1;
+    op.data = data.data();
+    op.pending = &pending;
+    stream.enqueue(op);
+  }
+  REQUIRE(stream.giveQueuedChunk(&given));  // chunk 3 is not staged
+  CHECK(given.header.offset == 3 * kChunk);
+  CHECK_FALSE(stream.giveQueuedChunk(&given));
   engine->detach(&stream);
 }

@@ -3,9 +3,13 @@
 #include <catch2/catch.hpp>
 
 #include <cstring>
+#include <functional>
 #include <sstream>
+#include <string>
+#include <vector>
 
 #include "plugin/tuner/decide.h"
+#include "plugin/tuner/names.h"
 #include "railnet/nccl/tuner.h"
 
 using namespace railnet::tuner;
@@ -240,8 +244,9 @@ TEST_CASE("regBuff and numPipeOps select rows that name them", "[tuner]") {
   CHECK(tuner.apply(ncclFuncAllReduce, 10, 1, 0, table.data(), 7, 3, nullptr).source == Source::Nccl);
 }
 
-TEST_CASE("the model overrides NCCL only for a clear predicted gain", "[tuner][model]") {
-  TunerOptions options;  // model on, no calibration
+TEST_CASE("the model, when asked for, overrides NCCL only for a clear predicted gain", "[tuner][model]") {
+  TunerOptions options;  // no calibration; the model only because it is asked for (RAILNET_TUNER_MODEL=on, D63)
+  options.useModel = true;
   Tuner tuner(twoNodes(), Calibration{}, options);
   // 1 GiB allreduce: the model must not pick LL (its network efficiency is low); if NCCL picked ring/LL the model
   // moves it to a bandwidth protocol.
@@ -278,4 +283,140 @@ TEST_CASE("tables smaller than NCCL's, single ranks and unknown collectives are 
   Tuner single(one, calibrationOf(kMeasured), TunerOptions{});
   table = allreduceTable();
   CHECK(single.apply(ncclFuncAllReduce, 1024, 1, 0, table.data(), 7, 3, nullptr).source == Source::Nccl);
+}
+
+// Issue 12, D63: without a measurement covering a (collective, size, shape), NCCL's choice stands. NCCL's table
+// must come back bit for bit as it was passed in, nChannels untouched, whatever NCCL picked.
+namespace {
+
+// The entries NCCL offers per collective on a multi-node communicator (Ring x all protocols; Tree for allreduce;
+// PAT/Simple for allgather/reducescatter; CollNet and NVLS where the fabric has them), and every one of them in
+// turn as NCCL's pick: the cheapest entry, the others dearer in table order.
+std::vector<Table> ncclTables(int coll) {
+  std::vector<std::pair<int, int>> offered;
+  for (int p = 0; p < NCCL_NUM_PROTOCOLS; ++p) offered.push_back({NCCL_ALGO_RING, p});
+  if (coll == ncclFuncAllReduce) {
+    for (int p = 0; p < NCCL_NUM_PROTOCOLS; ++p) offered.push_back({NCCL_ALGO_TREE, p});
+    offered.push_back({NCCL_ALGO_COLLNET_DIRECT, NCCL_PROTO_SIMPLE});
+    offered.push_back({NCCL_ALGO_NVLS, NCCL_PROTO_SIMPLE});
+  }
+  if (coll == ncclFuncAllGather || coll == ncclFuncReduceScatter) offered.push_back({NCCL_ALGO_PAT, NCCL_PROTO_SIMPLE});
+  std::vector<Table> tables;
+  for (const auto& pick : offered) {
+    Table table;
+    float cost = 20.0f;
+    for (const auto& [a, p] : offered) table.cost[a][p] = (a == pick.first && p == pick.second) ? 10.0f : cost++;
+    tables.push_back(table);
+  }
+  return tables;
+}
+
+// Shapes a user runs: the 2-GPU machine as 2 fake nodes (1 NIC, or railnet's 3 fused devices), 8 GPUs x 2 and
+// x 8 nodes with 8 x 400 Gb/s, one node of 8.
+std::vector<Shape> userShapes() {
+  std::vector<Shape> shapes;
+  Shape shape = twoNodes();
+  shapes.push_back(shape);
+  shape.nicsPerNode = 3;
+  shape.nicGbps = 133;
+  shapes.push_back(shape);
+  shape.nRanks = 16;
+  shape.nicsPerNode = 8;
+  shape.nicGbps = 400;
+  shape.nvlDomains = 2;
+  shape.maxRanksPerNvlDomain = 8;
+  shapes.push_back(shape);
+  shape.nRanks = 64;
+  shape.nNodes = 8;
+  shape.nvlDomains = 8;
+  shapes.push_back(shape);
+  shape.nRanks = 8;
+  shape.nNodes = 1;
+  shape.nvlDomains = 1;
+  shapes.push_back(shape);
+  return shapes;
+}
+
+// Every collective, 8 B .. 1 GiB, every NCCL pick, regBuff 0/1, numPipeOps 1/4: the number of calls that changed
+// the table or *nChannels (0 when NCCL's choice stands), and the first one in *first.
+int changedCalls(const Tuner& tuner, const std::function<bool(int coll, size_t bytes)>& covered, std::string* first) {
+  int changed = 0;
+  for (int coll = 0; coll < kNumColls; ++coll) {
+    for (size_t bytes = 8; bytes <= (size_t{1} << 30); bytes *= 2) {
+      if (covered && covered(coll, bytes)) continue;
+      for (const Table& nccl : ncclTables(coll)) {
+        for (int regBuff : {0, 1}) {
+          for (int pipeOps : {1, 4}) {
+            Table table = nccl;
+            int channels = 7;
+            Decision decision = tuner.apply(coll, bytes, pipeOps, regBuff, table.data(), NCCL_NUM_ALGORITHMS,
+                                            NCCL_NUM_PROTOCOLS, &channels);
+            if (std::memcmp(table.cost, nccl.cost, sizeof(table.cost)) == 0 && channels == 7 &&
+                decision.source == Source::Nccl) {
+              continue;
+            }
+            if (changed++ == 0 && first != nullptr) {
+              *first = std::string(collName(coll)) + " " + std::to_string(bytes) + " B, NCCL's pick " +
+                       algoName(nccl.pick().first) + "/" + protoName(nccl.pick().second) + ": " +
+                       sourceName(decision.source) + " chose " + (decision.algo >= 0 ? algoName(decision.algo) : "-") +
+                       "/" + (decision.proto >= 0 ? protoName(decision.proto) : "-");
+            }
+          }
+        }
+      }
+    }
+  }
+  return changed;
+}
+
+}  // namespace
+
+TEST_CASE("without a calibration file NCCL's table comes back unchanged: every collective, 8 B to 1 GiB",
+          "[tuner][no-harm]") {
+  for (const Shape& shape : userShapes()) {
+    INFO(shape.nRanks << " ranks on " << shape.nNodes << " nodes, " << shape.nicsPerNode << " x " << shape.nicGbps
+                      << " Gb/s");
+    Tuner tuner(shape, Calibration{}, TunerOptions{});  // as the plugin builds it with no RAILNET_TUNER_* set
+    std::string first;
+    CHECK(changedCalls(tuner, nullptr, &first) == 0);
+    INFO("first change: " << first);
+    CHECK(first.empty());
+  }
+}
+
+TEST_CASE("a calibration file changes nothing outside the shapes, collectives and sizes it measured",
+          "[tuner][no-harm]") {
+  // allreduce on 2 ranks / 2 nodes, measured at 1-4 KiB (trusted up to 8 KiB): allgather, broadcast, ... and
+  // allreduce above 8 KiB have no measurement, nor does any other shape.
+  const Calibration calibration = calibrationOf(kMeasured);
+  auto covered = [](int coll, size_t bytes) { return coll == ncclFuncAllReduce && bytes <= 8192; };
+  for (const Shape& shape : userShapes()) {
+    INFO(shape.nRanks << " ranks on " << shape.nNodes << " nodes, " << shape.nicsPerNode << " x " << shape.nicGbps
+                      << " Gb/s");
+    Tuner tuner(shape, calibration, TunerOptions{});
+    std::string first;
+    CHECK(changedCalls(tuner, covered, &first) == 0);
+    INFO("first change: " << first);
+    CHECK(first.empty());
+  }
+}
+
+TEST_CASE("with a calibration file the calibrated choice still wins under the default options", "[tuner][no-harm]") {
+  Tuner tuner(twoNodes(), calibrationOf(kMeasured), TunerOptions{});
+  Table table = allreduceTable();
+  int channels = 0;
+  Decision decision = tuner.apply(ncclFuncAllReduce, 1024, 1, 0, table.data(), 7, 3, &channels);
+  CHECK(decision.source == Source::Calibration);
+  CHECK(table.pick() == std::pair<int, int>{NCCL_ALGO_RING, NCCL_PROTO_LL});
+  table = allreduceTable();
+  decision = tuner.apply(ncclFuncAllReduce, 4096, 1, 0, table.data(), 7, 3, &channels);
+  CHECK(decision.source == Source::Calibration);
+  CHECK(table.pick() == std::pair<int, int>{NCCL_ALGO_TREE, NCCL_PROTO_LL128});
+  CHECK(channels == 8);
+  // Rules are explicit settings: they still apply with no measurement at all.
+  Tuner rules(twoNodes(), calibrationOf("allgather,0,65536,ring,ll,-1,-1,-1\n"), TunerOptions{});
+  Table gather;
+  for (int p = 0; p < NCCL_NUM_PROTOCOLS; ++p) gather.cost[NCCL_ALGO_RING][p] = 20.0f - p;
+  CHECK(rules.apply(ncclFuncAllGather, 4096, 1, 0, gather.data(), 7, 3, nullptr).source == Source::Rule);
+  CHECK(gather.pick() == std::pair<int, int>{NCCL_ALGO_RING, NCCL_PROTO_LL});
 }
