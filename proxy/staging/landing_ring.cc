@@ -102,13 +102,11 @@ std::string LandingRing::describe() const {
 }
 
 bool LandingRing::anyTaken() const {
-  std::lock_guard<std::mutex> lock(mutex_);
-  return taken_ > 0;
+  return taken_.load(std::memory_order_acquire) > 0;
 }
 
 bool LandingRing::anyLanded() const {
-  std::lock_guard<std::mutex> lock(mutex_);
-  return landedPieces_ > 0;
+  return landedPieces_.load(std::memory_order_acquire) > 0;
 }
 
 }  // namespace railnet::staging

@@ -9,6 +9,7 @@
 // takes landed pieces, copies them and releases their slots.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <mutex>
 #include <string>
@@ -75,8 +76,9 @@ class LandingRing {
   mutable std::mutex mutex_;
   std::vector<Slot> slots_;  // guarded by mutex_
   uint16_t nextTaken_ = 0;   // guarded: the piece takeLanded hands out next (pieces are copied in order)
-  int taken_ = 0;            // guarded: taken, not yet released
-  int landedPieces_ = 0;     // guarded
+  // Written under mutex_, read without it: NCCL's proxy thread asks anyLanded() on every poll of a receive.
+  std::atomic<int> taken_{0};         // taken, not yet released
+  std::atomic<int> landedPieces_{0};
 };
 
 }  // namespace railnet::staging
