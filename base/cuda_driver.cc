@@ -157,6 +157,15 @@ bool loadDriverFrom(const char* library, DriverApi* api, std::string* why) {
   resolve.require(&api->cuMemFree, "cuMemFree", 3020);
   resolve.require(&api->cuMemsetD8, "cuMemsetD8", 3020);
   resolve.optional(&api->cuMemGetHandleForAddressRange, "cuMemGetHandleForAddressRange", 11070);
+  resolve.optional(&api->cuMemRetainAllocationHandle, "cuMemRetainAllocationHandle", 11000);
+  resolve.optional(&api->cuMemRelease, "cuMemRelease", 10020);
+  resolve.optional(&api->cuMemCreate, "cuMemCreate", 10020);
+  resolve.optional(&api->cuMemGetAllocationGranularity, "cuMemGetAllocationGranularity", 10020);
+  resolve.optional(&api->cuMemAddressReserve, "cuMemAddressReserve", 10020);
+  resolve.optional(&api->cuMemAddressFree, "cuMemAddressFree", 10020);
+  resolve.optional(&api->cuMemMap, "cuMemMap", 10020);
+  resolve.optional(&api->cuMemUnmap, "cuMemUnmap", 10020);
+  resolve.optional(&api->cuMemSetAccess, "cuMemSetAccess", 10020);
   resolve.optional(&api->cuGetErrorString, "cuGetErrorString", 6000);
   if (!resolve.why().empty()) {
     if (why != nullptr) *why = libraryPath(handle, library) + ": " + resolve.why();

@@ -57,6 +57,34 @@ constexpr unsigned CU_MEMORYTYPE_DEVICE = 0x02;
 constexpr unsigned CU_MEMORYTYPE_ARRAY = 0x03;
 constexpr unsigned CU_MEMORYTYPE_UNIFIED = 0x04;
 
+// The virtual memory management API (cuMem*, what NCCL allocates its buffers with, NCCL_CUMEM_ENABLE=1): the
+// structures as cuda.h lays them out, reduced to what railnet sets.
+using CUmemGenericAllocationHandle = unsigned long long;
+constexpr int CU_MEM_ALLOCATION_TYPE_PINNED = 0x1;
+constexpr int CU_MEM_LOCATION_TYPE_DEVICE = 0x1;
+constexpr int CU_MEM_ACCESS_FLAGS_PROT_READWRITE = 0x3;
+constexpr int CU_MEM_ALLOC_GRANULARITY_MINIMUM = 0x0;
+struct CUmemLocation {
+  int type;
+  int id;
+};
+struct CUmemAllocationProp {
+  int type;
+  int requestedHandleTypes;
+  CUmemLocation location;
+  void* win32HandleMetaData;
+  struct {
+    unsigned char compressionType;
+    unsigned char gpuDirectRDMACapable;
+    unsigned short usage;
+    unsigned char reserved[4];
+  } allocFlags;
+};
+struct CUmemAccessDesc {
+  CUmemLocation location;
+  int flags;
+};
+
 // CUmemRangeHandleType and the cuMemGetHandleForAddressRange flags
 constexpr int CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD = 0x1;
 constexpr unsigned long long CU_MEM_RANGE_FLAG_DMA_BUF_MAPPING_TYPE_PCIE = 0x1;
@@ -105,6 +133,21 @@ struct DriverApi {
   // Optional (CUDA >= 11.7): null on older drivers, which then cannot export DMA-BUFs.
   CUresult (*cuMemGetHandleForAddressRange)(void* handle, CUdeviceptr pointer, size_t size, int handleType,
                                             unsigned long long flags) = nullptr;
+  // Optional (CUDA >= 10.2): the cuMem API. cuMemRetainAllocationHandle tells a cuMem allocation, which any
+  // context on its GPU copies at full speed, from a legacy one (cuMemAlloc), which another context copies through
+  // a slower path (copy_queue.h); the rest allocate the way NCCL does (railnet-bench, the conformance gpu group).
+  CUresult (*cuMemRetainAllocationHandle)(CUmemGenericAllocationHandle* handle, void* address) = nullptr;
+  CUresult (*cuMemRelease)(CUmemGenericAllocationHandle handle) = nullptr;
+  CUresult (*cuMemCreate)(CUmemGenericAllocationHandle* handle, size_t size, const CUmemAllocationProp* prop,
+                          unsigned long long flags) = nullptr;
+  CUresult (*cuMemGetAllocationGranularity)(size_t* granularity, const CUmemAllocationProp* prop, int option) = nullptr;
+  CUresult (*cuMemAddressReserve)(CUdeviceptr* pointer, size_t size, size_t alignment, CUdeviceptr address,
+                                  unsigned long long flags) = nullptr;
+  CUresult (*cuMemAddressFree)(CUdeviceptr pointer, size_t size) = nullptr;
+  CUresult (*cuMemMap)(CUdeviceptr pointer, size_t size, size_t offset, CUmemGenericAllocationHandle handle,
+                       unsigned long long flags) = nullptr;
+  CUresult (*cuMemUnmap)(CUdeviceptr pointer, size_t size) = nullptr;
+  CUresult (*cuMemSetAccess)(CUdeviceptr pointer, size_t size, const CUmemAccessDesc* desc, size_t count) = nullptr;
   // Optional: error names for log lines.
   CUresult (*cuGetErrorString)(CUresult error, const char** text) = nullptr;
 

@@ -62,18 +62,25 @@ void GpuDevice::check(cuda::CUresult result, const char* what) const {
 }
 
 DeviceMemory::DeviceMemory(const GpuDevice& gpu, size_t bytes) : gpu_(gpu), size_(bytes) {
-  if (cuda::CUresult result = gpu.api().cuMemAlloc(&address_, bytes); result != cuda::CUDA_SUCCESS) {
+  std::string why;
+  cuMem_ = cuda::CuMemAllocation::create(gpu.api(), gpu.device(), bytes, &why);
+  if (cuMem_ != nullptr) {
+    address_ = cuMem_->address();
+  } else if (gpu.api().cuMemCreate != nullptr) {
+    fail("cannot allocate %zu bytes of GPU memory: %s", bytes, why.c_str());
+  } else if (cuda::CUresult result = gpu.api().cuMemAlloc(&address_, bytes); result != cuda::CUDA_SUCCESS) {
     fail("cannot allocate %zu bytes of GPU memory: %s", bytes, gpu.api().errorText(result).c_str());
   }
   try {
     clear(bytes);
   } catch (...) {
-    gpu.api().cuMemFree(address_);
+    if (cuMem_ == nullptr) gpu.api().cuMemFree(address_);
     throw;
   }
 }
 
 DeviceMemory::~DeviceMemory() {
+  if (cuMem_ != nullptr) return;  // cuMem_ unmaps and frees itself
   if (cuda::CUresult result = gpu_.api().cuMemFree(address_); result != cuda::CUDA_SUCCESS) {
     fprintf(stderr, "railnet-bench: cuMemFree: %s\n", gpu_.api().errorText(result).c_str());
   }

@@ -7,6 +7,7 @@
 #include <memory>
 #include <string>
 
+#include "base/cuda_allocation.h"
 #include "base/cuda_driver.h"
 
 namespace railnet::bench {
@@ -23,6 +24,7 @@ class GpuDevice {
   GpuDevice& operator=(const GpuDevice&) = delete;
 
   const cuda::DriverApi& api() const noexcept { return api_; }
+  cuda::CUdevice device() const noexcept { return device_; }
   // "0000:19:00.0", or "" when the driver does not say.
   const std::string& pciBusId() const noexcept { return pciBusId_; }
 
@@ -40,7 +42,8 @@ class GpuDevice {
   std::string pciBusId_;
 };
 
-// cuMemAlloc'd device memory, cleared once at allocation. Its synchronous copies wait until the bytes have
+// Device memory allocated as NCCL allocates its buffers (cuMem, base/cuda_allocation.h), cleared once at
+// allocation; cuMemAlloc only on a driver without the cuMem API (the header line says which). Its synchronous copies wait until the bytes have
 // arrived, also where the driver would let a copy from pageable memory or a memset return early.
 class DeviceMemory {
  public:
@@ -58,6 +61,7 @@ class DeviceMemory {
 
  private:
   const GpuDevice& gpu_;
+  std::unique_ptr<cuda::CuMemAllocation> cuMem_;  // null: cuMemAlloc'd
   cuda::CUdeviceptr address_ = 0;
   size_t size_ = 0;
 };

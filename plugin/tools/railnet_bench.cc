@@ -229,7 +229,9 @@ int run(const Options& options) {
   description.baselineKind = baselineKind;
   description.oneWayTable = options.oneWay;
   if (gpu) {
-    description.gpu = "GPU 0" + (gpu->pciBusId().empty() ? std::string() : " (PCI " + gpu->pciBusId() + ")");
+    description.gpu = "GPU 0" + (gpu->pciBusId().empty() ? std::string() : " (PCI " + gpu->pciBusId() + ")") +
+                      (gpu->api().cuMemCreate != nullptr ? " as cuMem allocations (as NCCL allocates)"
+                                                         : " from cuMemAlloc (the driver has no cuMem API)");
     description.comparison = baselineKind == BaselineKind::kRawCopyEnginesTcp
                                  ? "GPU memory: railnet vs raw copy engines + TCP"
                                  : "GPU memory: railnet device \"" + railnet.device().name +

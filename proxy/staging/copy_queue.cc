@@ -96,6 +96,14 @@ bool CopyContext::canRead(const void* pointer) const {
   return scope.ok() && cuda_.cuMemcpyDtoH(&byte, reinterpret_cast<cuda::CUdeviceptr>(pointer), 1) == CUDA_SUCCESS;
 }
 
+bool isCuMemAllocation(const cuda::DriverApi& cuda, const void* pointer) {
+  if (cuda.cuMemRetainAllocationHandle == nullptr || cuda.cuMemRelease == nullptr) return false;
+  cuda::CUmemGenericAllocationHandle handle = 0;
+  if (cuda.cuMemRetainAllocationHandle(&handle, const_cast<void*>(pointer)) != CUDA_SUCCESS) return false;
+  cuda.cuMemRelease(handle);  // the retain took a reference
+  return true;
+}
+
 // ---- ContextScope -------------------------------------------------------------------------------------------
 
 ContextScope::ContextScope(const cuda::DriverApi& cuda, cuda::CUcontext context) : cuda_(cuda) {

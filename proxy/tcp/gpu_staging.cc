@@ -81,6 +81,11 @@ void CommStaging::prepare(void* gpuMemory) {
   if (copyContext == nullptr) {
     RN_INFO(NCCL_NET, "NET/railnet: %s comm copies in the application's context (%s): a copy may queue behind an "
             "NCCL kernel that waits for it when the process has many CUDA streams", role_.c_str(), why.c_str());
+  } else if (!staging::isCuMemAllocation(cuda, gpuMemory)) {
+    // Still railnet's context: a hang is worse than half the bandwidth (copy_queue.h says why on both counts).
+    RN_INFO(NCCL_NET, "NET/railnet: %s comm: GPU memory %p is not a cuMem allocation (NCCL_CUMEM_ENABLE=0, or "
+            "cudaMalloc'd and registered): its copies from railnet's copy context take a slower path", role_.c_str(),
+            gpuMemory);
   }
   auto copies = std::make_unique<staging::CopyQueue>(cuda, copyContext != nullptr ? copyContext->context()
                                                                                   : context->context(), slots_);

@@ -30,7 +30,14 @@ TcpRecvComm::TcpRecvComm(Fd control, std::vector<Fd> data, const protocol::Socke
   openStreams_.store(streams_.count(), std::memory_order_release);
 }
 
-TcpRecvComm::~TcpRecvComm() { streams_.stop(); }
+TcpRecvComm::~TcpRecvComm() {
+  streams_.stop();
+  if (telemetry_.pieces() != 0) {
+    RN_INFO(NCCL_NET, "NET/railnet: receive comm from %s staged %s; %llu chunks waited for a busy landing slot",
+            control_.peerName().c_str(), telemetry_.describe("copy up (landed to seen done)").c_str(),
+            static_cast<unsigned long long>(slotWaits_.load(std::memory_order_relaxed)));
+  }
+}
 
 MemoryRegistrar& TcpRecvComm::registrar() noexcept { return staging_; }
 
@@ -207,6 +214,7 @@ char* TcpRecvComm::landStagedChunk(RecvRequest*, const ChunkHeader& header) noex
     case staging::LandingRing::Verdict::kLand:
       return staging_.slot(0) + offset;
     case staging::LandingRing::Verdict::kWait:
+      slotWaits_.fetch_add(1, std::memory_order_relaxed);
       return StreamOwner::retryLater();
     case staging::LandingRing::Verdict::kReject:
       break;
@@ -243,9 +251,12 @@ void TcpRecvComm::reportIfStalled(const RecvRequest* request) {
 }
 
 void TcpRecvComm::pumpStaging() {
-  if (!staging_.ready() || (!landing_.anyLanded() && copyingUp_.empty())) return;
+  if (!staging_.ready()) return;
+  telemetry_.polled(!copyingUp_.empty() || landing_.anyLanded());
+  if (!landing_.anyLanded() && copyingUp_.empty()) return;
   std::string why;
   staging::CopyQueue& copies = staging_.copies();
+  const auto now = staging::StagingTelemetry::Clock::now();
   if (!copyingUp_.empty()) {
     finishedCopies_.clear();
     if (!copies.poll(&finishedCopies_, &why)) {
@@ -253,7 +264,9 @@ void TcpRecvComm::pumpStaging() {
       return;
     }
     for (size_t i = 0; i < finishedCopies_.size(); ++i) {
-      const staging::LandingRing::LandedPiece piece = copyingUp_.front();
+      const staging::LandingRing::LandedPiece piece = copyingUp_.front().landed;
+      telemetry_.add(staging::StagingTelemetry::kCopy, now - copyingUp_.front().submittedAt);
+      telemetry_.countPiece(piece.piece.length);
       copyingUp_.pop_front();
       ring_.addBytes(piece.piece);
       landing_.release(piece.slot);
@@ -273,7 +286,7 @@ void TcpRecvComm::pumpStaging() {
       control_.recordFailure("GPU staging: " + why, FailureKind::kLocal);
       return;
     }
-    copyingUp_.push_back(piece);
+    copyingUp_.push_back(CopyingUp{piece, now});
   }
 }
 

@@ -16,6 +16,7 @@
 #include "proxy/protocol/request_pool.h"
 #include "proxy/protocol/stall_watch.h"
 #include "proxy/staging/landing_ring.h"
+#include "proxy/staging/telemetry.h"
 #include "proxy/tcp/data_streams.h"
 #include "proxy/tcp/gpu_staging.h"
 #include "proxy/transport.h"
@@ -76,7 +77,13 @@ class TcpRecvComm final : public RecvComm, private StreamOwner {
   bool inInline_ = false;
   std::atomic<bool> controlClosed_{false};
   std::atomic<int> openStreams_;
-  std::deque<staging::LandingRing::LandedPiece> copyingUp_;  // guarded by mutex_: in the copy queue, in order
+  struct CopyingUp {
+    staging::LandingRing::LandedPiece landed;
+    staging::StagingTelemetry::Clock::time_point submittedAt;
+  };
+  std::deque<CopyingUp> copyingUp_;  // guarded by mutex_: in the copy queue, in order
+  staging::StagingTelemetry telemetry_;  // guarded
+  std::atomic<uint64_t> slotWaits_{0};   // chunks a helper found a busy landing slot for (retried later)
   std::vector<staging::LandingRing::LandedPiece> landedScratch_;  // guarded
   std::vector<uint64_t> finishedCopies_;                          // guarded
   uint64_t receives_ = 0;                                         // guarded: receives posted so far

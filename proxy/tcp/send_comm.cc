@@ -44,7 +44,13 @@ TcpSendComm::TcpSendComm(Fd control, std::vector<Fd> data, const protocol::Socke
   streams_.start(this);  // last: helper threads may call stealChunk at once
 }
 
-TcpSendComm::~TcpSendComm() { streams_.stop(); }
+TcpSendComm::~TcpSendComm() {
+  streams_.stop();
+  if (telemetry_.pieces() != 0) {
+    RN_INFO(NCCL_NET, "NET/railnet: send comm to %s staged %s", control_.peerName().c_str(),
+            telemetry_.describe("copy down (queued to seen done)").c_str());
+  }
+}
 
 MemoryRegistrar& TcpSendComm::registrar() noexcept { return staging_; }
 
@@ -218,12 +224,13 @@ void TcpSendComm::enqueueChunks(const ChunkTemplate& what, const char* data, uin
 void TcpSendComm::sendPieces(SendRequest* request, const char* data, uint64_t size, uint32_t recvId, int slot,
                              bool fromGpu, uint64_t stagedPieceBytes) {
   const uint64_t pieceBytes = stagedPieceBytes != 0 ? stagedPieceBytes : staging_.pieceBytes();
+  const auto now = staging::StagingTelemetry::Clock::now();
   int chunks = 0;
   for (uint64_t offset = 0; offset < size; offset += pieceBytes) {
     const uint64_t bytes = std::min(pieceBytes, size - offset);
     const uint64_t chunk = chunkBytesFor(bytes);
     chunks += static_cast<int>((bytes + chunk - 1) / chunk);
-    pieces_.push_back(Piece{request, data, fromGpu, stagedPieceBytes != 0, size, offset, bytes, recvId, slot});
+    pieces_.push_back(Piece{request, data, fromGpu, stagedPieceBytes != 0, size, offset, bytes, recvId, slot, now});
   }
   request->pendingChunks_.store(chunks, std::memory_order_relaxed);
   pumpStaging();
@@ -257,9 +264,11 @@ void TcpSendComm::queuePiece(const Piece& piece, const char* data, std::atomic<i
 }
 
 void TcpSendComm::pumpStaging() {
+  telemetry_.polled(!copying_.empty() || !pieces_.empty());
   if (pieces_.empty() && copying_.empty()) return;
   std::string why;
   if (!copying_.empty()) {
+    const auto now = staging::StagingTelemetry::Clock::now();
     finishedCopies_.clear();
     if (!staging_.copies().poll(&finishedCopies_, &why)) {
       control_.recordFailure("GPU staging: " + why, protocol::FailureKind::kLocal);
@@ -268,6 +277,8 @@ void TcpSendComm::pumpStaging() {
     for (size_t i = 0; i < finishedCopies_.size(); ++i) {
       const CopyingPiece copied = copying_.front();
       copying_.pop_front();
+      telemetry_.add(staging::StagingTelemetry::kCopy, now - copied.submittedAt);
+      telemetry_.countPiece(copied.piece.bytes);
       auto* slotPending = &slotChunks_[static_cast<size_t>(copied.stagingSlot)];
       queuePiece(copied.piece, staging_.slot(copied.stagingSlot), slotPending);
       slotCopying_[static_cast<size_t>(copied.stagingSlot)] = false;
@@ -291,7 +302,9 @@ void TcpSendComm::pumpStaging() {
       return;
     }
     slotCopying_[static_cast<size_t>(stagingSlot)] = true;
-    copying_.push_back(CopyingPiece{piece, stagingSlot});
+    const auto submitted = staging::StagingTelemetry::Clock::now();
+    telemetry_.add(staging::StagingTelemetry::kWaitForSlot, submitted - piece.queuedAt);
+    copying_.push_back(CopyingPiece{piece, stagingSlot, submitted});
     pieces_.pop_front();
   }
   stagingWork_.store(!pieces_.empty() || !copying_.empty(), std::memory_order_release);

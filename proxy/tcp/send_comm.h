@@ -15,6 +15,7 @@
 #include "proxy/protocol/control_channel.h"
 #include "proxy/protocol/request_pool.h"
 #include "proxy/protocol/stall_watch.h"
+#include "proxy/staging/telemetry.h"
 #include "proxy/tcp/data_streams.h"
 #include "proxy/tcp/gpu_staging.h"
 #include "proxy/transport.h"
@@ -75,6 +76,7 @@ class TcpSendComm final : public SendComm, private StreamOwner {
     uint64_t bytes;
     uint32_t recvId;
     int slot;
+    staging::StagingTelemetry::Clock::time_point queuedAt;
   };
   // Splits the message into pieces of `pieceBytes` and starts what it can; the request's chunk count is set.
   void sendPieces(SendRequest* request, const char* data, uint64_t size, uint32_t recvId, int slot, bool fromGpu,
@@ -112,6 +114,7 @@ class TcpSendComm final : public SendComm, private StreamOwner {
   struct CopyingPiece {
     Piece piece;
     int stagingSlot;
+    staging::StagingTelemetry::Clock::time_point submittedAt;
   };
   std::deque<CopyingPiece> copying_;  // guarded: in the copy queue, in submission order
   std::unique_ptr<std::atomic<int>[]> slotChunks_;  // per staging slot: its chunks not yet written
@@ -120,6 +123,7 @@ class TcpSendComm final : public SendComm, private StreamOwner {
   uint16_t nextPieceSeq_ = 0;                       // guarded
   std::vector<uint64_t> finishedCopies_;            // guarded; poll's scratch
   std::atomic<bool> stagingWork_{false};            // pieces_ or copying_ hold something
+  staging::StagingTelemetry telemetry_;             // guarded
   uint64_t sends_ = 0;                              // guarded: sends so far (SendRequest::serial_)
   protocol::StallWatch stallWatch_;                 // guarded
   std::atomic<uint32_t> testsUnfinished_{0};

@@ -1,8 +1,10 @@
 #include "memory.h"
 
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 
+#include "base/cuda_allocation.h"
 #include "base/cuda_driver.h"
 
 namespace conformance {
@@ -90,8 +92,11 @@ class HostMemory final : public Memory {
 // legacy default stream, so the plugin's copies on its own non-blocking streams see the bytes.
 class GpuMemory final : public Memory {
  public:
-  GpuMemory(uint8_t* data, size_t size) : Memory(MemKind::Gpu, data, size) {}
+  // `cuMem` holds the memory when it is a cuMem allocation; otherwise `data` was cuMemAlloc'd.
+  GpuMemory(uint8_t* data, size_t size, std::unique_ptr<railnet::cuda::CuMemAllocation> cuMem)
+      : Memory(MemKind::Gpu, data, size), cuMem_(std::move(cuMem)) {}
   ~GpuMemory() override {
+    if (cuMem_ != nullptr) return;  // unmaps and frees itself
     // Only constructed with a usable GPU; a destructor must not throw, so failures are only printed.
     const Gpu& g = gpu();
     cu::CUresult rc = g.api->cuCtxSetCurrent(g.context);
@@ -122,7 +127,17 @@ class GpuMemory final : public Memory {
     check(api().cuStreamSynchronize(nullptr), "cuStreamSynchronize after cuMemsetD8");
   }
   void attachThread() const override { bindGpuContext(); }
+
+ private:
+  std::unique_ptr<railnet::cuda::CuMemAllocation> cuMem_;
 };
+
+// CONFORMANCE_GPU_MEMORY=cumalloc: GPU buffers from cuMemAlloc (what a cudaMalloc'd user buffer is) instead of
+// cuMem allocations (what NCCL hands the plugin by default). Children inherit it with the environment.
+bool legacyGpuAllocations() {
+  const char* value = std::getenv("CONFORMANCE_GPU_MEMORY");
+  return value != nullptr && std::strcmp(value, "cumalloc") == 0;
+}
 
 }  // namespace
 
@@ -134,8 +149,17 @@ std::unique_ptr<Memory> allocateMemory(MemKind kind, size_t size) {
   if (kind == MemKind::Host) return std::make_unique<HostMemory>(HostBuffer(size), size);
   bindGpuContext();
   cu::CUdeviceptr pointer = 0;
-  check(api().cuMemAlloc(&pointer, size ? size : 1), strf("cuMemAlloc(%zu bytes)", size));
-  auto memory = std::make_unique<GpuMemory>(reinterpret_cast<uint8_t*>(static_cast<uintptr_t>(pointer)), size);
+  std::unique_ptr<railnet::cuda::CuMemAllocation> cuMem;
+  if (legacyGpuAllocations()) {
+    check(api().cuMemAlloc(&pointer, size ? size : 1), strf("cuMemAlloc(%zu bytes)", size));
+  } else {
+    std::string why;
+    cuMem = railnet::cuda::CuMemAllocation::create(api(), 0, size, &why);
+    if (cuMem == nullptr) throw TestFailure(strf("cuMem allocation of %zu bytes on device 0: %s", size, why.c_str()));
+    pointer = cuMem->address();
+  }
+  auto memory = std::make_unique<GpuMemory>(reinterpret_cast<uint8_t*>(static_cast<uintptr_t>(pointer)), size,
+                                            std::move(cuMem));
   memory->fill(0, 0, size);  // as zero-filled as host memory
   return memory;
 }

@@ -1,5 +1,6 @@
 // Memory the plugin moves bytes in and out of, of either kind NCCL hands it: page-aligned host memory
-// (NCCL_PTR_HOST) or GPU memory (NCCL_PTR_CUDA: cuMemAlloc on device 0's primary context, through the project's
+// (NCCL_PTR_HOST) or GPU memory (NCCL_PTR_CUDA: a cuMem allocation on device 0, as NCCL allocates its buffers, or
+// with CONFORMANCE_GPU_MEMORY=cumalloc cuMemAlloc on its primary context; both through the project's
 // run-time loader of the CUDA driver, base/cuda_driver.h). GPU memory is not addressable from the CPU, so the
 // harness reads and writes both kinds only through these calls; every call is complete when it returns.
 #pragma once
