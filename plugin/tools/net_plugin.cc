@@ -162,6 +162,11 @@ ncclResult_t NetPlugin::irecv(void* recvComm, void* data, size_t size, int tag, 
   return net_->irecv(recvComm, 1, datas, sizes, tags, mhandles, request);
 }
 
+ncclResult_t NetPlugin::irecvGroup(void* recvComm, int n, void** data, size_t* sizes, int* tags, void** mhandles,
+                                   void** request) const {
+  return net_->irecv(recvComm, n, data, sizes, tags, mhandles, request);
+}
+
 ncclResult_t NetPlugin::test(void* request, int* done, int* size) const { return net_->test(request, done, size); }
 
 ncclResult_t NetPlugin::closeSend(void* sendComm) const { return net_->closeSend(sendComm); }

@@ -61,6 +61,9 @@ class NetPlugin {
   ncclResult_t deregMr(void* comm, void* mhandle) const;
   ncclResult_t isend(void* sendComm, void* data, size_t size, int tag, void* mhandle, void** request) const;
   ncclResult_t irecv(void* recvComm, void* data, size_t size, int tag, void* mhandle, void** request) const;
+  // A grouped receive of n buffers (NCCL's multireceive, n <= the device's maxRecvs).
+  ncclResult_t irecvGroup(void* recvComm, int n, void** data, size_t* sizes, int* tags, void** mhandles,
+                          void** request) const;
   ncclResult_t test(void* request, int* done, int* size) const;
   ncclResult_t closeSend(void* sendComm) const;
   ncclResult_t closeRecv(void* recvComm) const;

@@ -44,6 +44,10 @@ constexpr const char* kUsage =
     "  --bidir           only the table of both directions at once (every rank of an all_reduce sends and\n"
     "                    receives together); by default it follows the one-way table\n"
     "  --one-way         only the one-way table\n"
+    "  --group N         multireceive: every receive is one irecv of N buffers (tags 0..N-1, N = 2..8, like\n"
+    "                    NCCL's grouped receives), N sends each; the baseline is the same device with N single\n"
+    "                    irecvs, so the ratio is what grouping (and railnet's aggregation, RAILNET_GROUP_WAIT_US)\n"
+    "                    gains. One way only; sizes up to 64 KiB unless --max-size says otherwise\n"
     "  -v, --verbose     forward the plugin's INFO lines to stderr (WARN always goes there)\n"
     "Environment: RAILNET_IFNAME defaults to lo here; RAILNET_TCP_STREAMS sets the streams of railnet and of\n"
     "the raw TCP (or raw CE+TCP) peer alike.\n";
@@ -88,6 +92,13 @@ int parseWindow(const char* text) {
 
 }  // namespace
 
+int parseGroup(const char* text) {
+  char* end = nullptr;
+  const long group = std::strtol(text, &end, 10);
+  if (end == text || *end != '\0' || group < 1 || group > 8) usageError(format("--group must be 1..8, not %s", text));
+  return static_cast<int>(group);
+}
+
 Options parseOptions(int argc, char** argv) {
   Options options;
   bool quick = false;
@@ -113,6 +124,7 @@ Options parseOptions(int argc, char** argv) {
     else if (arg == "--bidir") options.oneWay = false;
     else if (arg == "--one-way") options.bothWays = false;
     else if (arg == "--gpu") options.gpu = true;
+    else if (arg == "--group") options.group = parseGroup(value());
     else if (arg == "-v" || arg == "--verbose") options.verbose = true;
     else if (arg == "-h" || arg == "--help") {
       fputs(kUsage, stdout);
@@ -123,6 +135,13 @@ Options parseOptions(int argc, char** argv) {
   }
   if (!options.oneWay && !options.bothWays) usageError("--bidir and --one-way leave no table to measure");
   // Explicit values win over --quick's, whatever their order on the command line.
+  if (options.group > 1) {
+    // Multireceive: one way only, small messages (the ones aggregation carries), against single receives.
+    if (!options.againstRaw()) usageError("--group compares with single receives of the same device: no --against");
+    options.bothWays = false;
+    if (!options.oneWay) usageError("--group measures one way only: no --bidir");
+    if (!maxSize) maxSize = 64 * KiB;
+  }
   options.maxSize = maxSize.value_or(quick ? 64 * MiB : options.maxSize);
   options.step = step.value_or(quick ? 16 : options.step);
   options.seconds = seconds.value_or(quick ? 0.25 : options.seconds);

@@ -26,6 +26,7 @@ struct Options {
   bool oneWay = true;           // the one-way table (off with --bidir)
   bool bothWays = true;         // the both-directions table (off with --one-way)
   bool gpu = false;             // --gpu: the buffers are GPU memory (device 0), the raw baseline is CE+TCP
+  int group = 1;                // --group N: grouped receives of N buffers against N single receives
   bool againstRaw() const { return against == "raw"; }
 };
 

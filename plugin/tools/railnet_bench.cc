@@ -190,17 +190,20 @@ int run(const Options& options) {
   // Before anything that uses GPU memory, and released after it (declared first, destroyed last).
   if (options.gpu) guard.setPhase("opening the GPU");
   const std::unique_ptr<GpuDevice> gpu = options.gpu ? openGpu() : nullptr;
-  const BaselineKind baselineKind = !options.againstRaw() ? BaselineKind::kRailnetDevice
+  const BaselineKind baselineKind = !options.againstRaw() || options.group > 1 ? BaselineKind::kRailnetDevice
                                     : options.gpu         ? BaselineKind::kRawCopyEnginesTcp
                                                           : BaselineKind::kRawTcp;
   CsvFile csv(options.csv, baselineKind);
   guard.setPhase("loading the plugin");
   std::unique_ptr<NetPlugin> net = openPlugin(options);
   guard.setPhase("allocating buffers");
-  BenchBuffers buffers(options.maxSize, options.window, kArenaCap, gpu.get());
+  // With --group, window x group messages are in flight: as many distinct slots.
+  BenchBuffers buffers(options.maxSize, options.window * options.group, kArenaCap, gpu.get());
   const bool named = !options.device.empty();
+  const std::string label = named ? options.device : "railnet";
   RailnetPeer railnet(*net, named ? options.device : "lo", options.window, buffers, guard, named,
-                      named ? options.device : "railnet");
+                      options.group > 1 ? label + ", irecv of " + std::to_string(options.group) : label,
+                      options.group);
   if (options.maxSize > railnet.device().maxP2pBytes) {
     fail("--max-size %zu exceeds the device's maxP2pBytes %zu", options.maxSize, railnet.device().maxP2pBytes);
   }
@@ -208,7 +211,7 @@ int run(const Options& options) {
   // device (e.g. one rail vs two fused).
   std::unique_ptr<Peer> baseline;
   size_t ceTcpPieceBytes = 0;
-  switch (baselineKind) {
+  switch (options.group > 1 ? BaselineKind::kRailnetDevice : baselineKind) {
     case BaselineKind::kRawTcp:
       baseline = std::make_unique<RawTcpPeer>(streams, options.window, buffers, guard);
       break;
@@ -219,8 +222,15 @@ int run(const Options& options) {
       break;
     }
     case BaselineKind::kRailnetDevice:
-      baseline = std::make_unique<RailnetPeer>(*net, options.against, options.window, buffers, guard, true,
-                                               options.against);
+      if (options.group > 1) {
+        // The same device and sizes, each group member its own irecv: what grouping gains.
+        baseline = std::make_unique<RailnetPeer>(*net, named ? options.device : "lo", options.window, buffers, guard,
+                                                 named, label + ", " + std::to_string(options.group) + " irecvs of 1",
+                                                 options.group, false);
+      } else {
+        baseline = std::make_unique<RailnetPeer>(*net, options.against, options.window, buffers, guard, true,
+                                                 options.against);
+      }
       break;
   }
   RunDescription description{net->path(), net->symbol(), net->name(), railnet.deviceIndex(), railnet.device().name,
@@ -228,6 +238,7 @@ int run(const Options& options) {
   description.baseline = baseline->name();
   description.baselineKind = baselineKind;
   description.oneWayTable = options.oneWay;
+  description.everySize = options.group > 1;
   if (gpu) {
     description.gpu = "GPU 0" + (gpu->pciBusId().empty() ? std::string() : " (PCI " + gpu->pciBusId() + ")") +
                       (gpu->api().cuMemCreate != nullptr ? " as cuMem allocations (as NCCL allocates)"

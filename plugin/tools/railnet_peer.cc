@@ -134,8 +134,9 @@ std::string deviceList(const NetPlugin& net, int count) {
 }  // namespace
 
 RailnetPeer::RailnetPeer(const NetPlugin& net, const std::string& deviceName, int window, BenchBuffers& buffers,
-                         StallGuard& guard, bool exact, std::string label)
-    : net_(net), buffers_(buffers), guard_(guard), window_(window), label_(std::move(label)) {
+                         StallGuard& guard, bool exact, std::string label, int group, bool groupedReceives)
+    : net_(net), buffers_(buffers), guard_(guard), window_(window), group_(group), groupedReceives_(groupedReceives),
+      label_(std::move(label)) {
   guard.setPhase(label_ + " init/devices");
   NetPlugin::check(net.init(&ctx_, kCommId), "init");
   try {
@@ -210,8 +211,10 @@ void RailnetPeer::shutdown() {
 class RailnetPeer::Pipeline {
  public:
   using Post = std::function<ncclResult_t(uint64_t, void**)>;
-  Pipeline(const NetPlugin& net, std::string side, size_t size, uint64_t count, bool exactSize, int window, Post post)
-      : net_(net), side_(std::move(side)), size_(size), count_(count), exactSize_(exactSize),
+  // `members`: buffers per request (a grouped irecv's n), each checked for `size` bytes when exactSize.
+  Pipeline(const NetPlugin& net, std::string side, size_t size, uint64_t count, bool exactSize, int window, Post post,
+           int members = 1)
+      : net_(net), side_(std::move(side)), size_(size), count_(count), exactSize_(exactSize), members_(members),
         inFlight_(static_cast<size_t>(window)), post_(std::move(post)) {}
 
   bool done() const { return completed_ == count_; }
@@ -230,12 +233,14 @@ class RailnetPeer::Pipeline {
     }
     if (completed_ < posted_) {
       int finished = 0;
-      int received = -1;
-      NetPlugin::check(net_.test(inFlight_[completed_ % inFlight_.size()], &finished, &received), "test");
+      int received[kMaxGroup] = {-1, -1, -1, -1, -1, -1, -1, -1};  // test() writes one size per buffer
+      NetPlugin::check(net_.test(inFlight_[completed_ % inFlight_.size()], &finished, received), "test");
       if (finished) {
-        if (exactSize_ && static_cast<size_t>(received) != size_) {
-          fail("%s: message %llu completed with %d bytes, expected %zu", side_.c_str(),
-               static_cast<unsigned long long>(completed_), received, size_);
+        for (int m = 0; exactSize_ && m < members_; ++m) {
+          if (static_cast<size_t>(received[m]) != size_) {
+            fail("%s: message %llu buffer %d completed with %d bytes, expected %zu", side_.c_str(),
+                 static_cast<unsigned long long>(completed_), m, received[m], size_);
+          }
         }
         ++completed_;
         moved = true;
@@ -261,6 +266,7 @@ class RailnetPeer::Pipeline {
   const size_t size_;
   const uint64_t count_;
   const bool exactSize_;
+  const int members_;
   std::vector<void*> inFlight_;
   Post post_;
   uint64_t posted_ = 0;
@@ -327,6 +333,7 @@ RailnetPeer::Direction RailnetPeer::streamPipelines(Link& link, const BenchBuffe
                                                     const BenchBuffer& destination, size_t size, uint64_t count,
                                                     const char* direction) {
   Direction pipelines;
+  if (group_ > 1) return groupPipelines(link, source, destination, size, count, direction);
   pipelines.sender = std::make_unique<Pipeline>(
       net_, std::string(direction) + " sender isend", size, count, false, window_,
       [&, size](uint64_t i, void** request) {
@@ -339,6 +346,48 @@ RailnetPeer::Direction RailnetPeer::streamPipelines(Link& link, const BenchBuffe
         return net_.irecv(link.recvComm, destination.transportData() + buffers_.slotOffset(size, i), size, kTag,
                           link.recvMr, request);
       });
+  return pipelines;
+}
+
+RailnetPeer::Direction RailnetPeer::groupPipelines(Link& link, const BenchBuffer& source, const BenchBuffer& destination,
+                                                   size_t size, uint64_t count, const char* direction) {
+  // Message i goes with tag i % group_ into slot i: the k-th send of each tag fills the k-th group.
+  const uint64_t groups = (count + static_cast<uint64_t>(group_) - 1) / static_cast<uint64_t>(group_);
+  const uint64_t messages = groups * static_cast<uint64_t>(group_);
+  const int group = group_;
+  Direction pipelines;
+  pipelines.sender = std::make_unique<Pipeline>(
+      net_, std::string(direction) + " sender isend", size, messages, false, window_ * group,
+      [&, size, group](uint64_t i, void** request) {
+        return net_.isend(link.sendComm, source.transportData() + buffers_.slotOffset(size, i), size,
+                          static_cast<int>(i % static_cast<uint64_t>(group)), link.sendMr, request);
+      });
+  if (!groupedReceives_) {
+    pipelines.receiver = std::make_unique<Pipeline>(
+        net_, std::string(direction) + " receiver irecv", size, messages, true, window_ * group,
+        [&, size, group](uint64_t i, void** request) {
+          return net_.irecv(link.recvComm, destination.transportData() + buffers_.slotOffset(size, i), size,
+                            static_cast<int>(i % static_cast<uint64_t>(group)), link.recvMr, request);
+        });
+    return pipelines;
+  }
+  pipelines.receiver = std::make_unique<Pipeline>(
+      net_, std::string(direction) + " receiver grouped irecv", size, groups, true, window_,
+      [&, size, group](uint64_t g, void** request) {
+        void* data[kMaxGroup];
+        size_t sizes[kMaxGroup];
+        int tags[kMaxGroup];
+        void* mhandles[kMaxGroup];
+        for (int m = 0; m < group; ++m) {
+          const uint64_t message = g * static_cast<uint64_t>(group) + static_cast<uint64_t>(m);
+          data[m] = destination.transportData() + buffers_.slotOffset(size, message);
+          sizes[m] = size;
+          tags[m] = m;
+          mhandles[m] = link.recvMr;
+        }
+        return net_.irecvGroup(link.recvComm, group, data, sizes, tags, mhandles, request);
+      },
+      group);
   return pipelines;
 }
 

@@ -23,8 +23,12 @@ class RailnetPeer final : public Peer {
   // device 0 (the default loopback run), else it is an error. `label` names the peer in tables and messages.
   // The device must take the buffers' memory type: with GPU buffers, a device without NCCL_PTR_CUDA throws
   // Unsupported.
+  // `group` > 1 (railnet-bench --group): streamed messages go to receivers in groups of `group` tags (0..group-1),
+  // as one irecv of `group` buffers each when `groupedReceives`, else as `group` single irecvs; `window` receives
+  // (grouped) or window x group receives (single) in flight, window x group sends.
   RailnetPeer(const NetPlugin& net, const std::string& deviceName, int window, BenchBuffers& buffers,
-              StallGuard& guard, bool exact = false, std::string label = "railnet");
+              StallGuard& guard, bool exact = false, std::string label = "railnet", int group = 1,
+              bool groupedReceives = true);
   ~RailnetPeer() override;  // closes both links, then finalize(); failures only printed
 
   // The same teardown, throwing on the first failure; the destructor then has nothing left to do.
@@ -56,6 +60,10 @@ class RailnetPeer final : public Peer {
   };
   Direction streamPipelines(Link& link, const BenchBuffer& source, const BenchBuffer& destination, size_t size,
                             uint64_t count, const char* direction);
+  // The same with group_ > 1: `count` rounded up to whole groups.
+  Direction groupPipelines(Link& link, const BenchBuffer& source, const BenchBuffer& destination, size_t size,
+                           uint64_t count, const char* direction);
+  static constexpr int kMaxGroup = 8;  // NCCL_NET_MAX_RECVS
   // runTogether with each thread prepared for the buffers (the GPU's context current, as on NCCL's proxy thread).
   double runRanks(const std::vector<std::function<void()>>& ranks);
 
@@ -63,6 +71,8 @@ class RailnetPeer final : public Peer {
   BenchBuffers& buffers_;
   StallGuard& guard_;
   const int window_;
+  const int group_;
+  const bool groupedReceives_;
   void* ctx_ = nullptr;
   bool open_ = false;  // init succeeded and shutdown() has not run
   int dev_ = 0;

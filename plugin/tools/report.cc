@@ -130,13 +130,16 @@ void summarize(const char* label, const std::vector<Row>& rows, bool (*judged)(c
 }
 
 bool oneWayJudged(const Row& row) { return row.size >= kGoalFromSize; }
+bool everySize(const Row&) { return true; }
 bool bothWaysJudged(const Row& row) { return row.size == kBothWaysGoalSize || row.size >= kGoalFromSize; }
 
 }  // namespace
 
 void printSummary(const std::vector<Row>& oneWay, const std::vector<Row>& bothWays, const RunDescription& run) {
   printf("\n");
-  if (!oneWay.empty()) {
+  if (!oneWay.empty() && run.everySize) {
+    summarize("one way", oneWay, everySize, "at every size", kGoalRatio, run);
+  } else if (!oneWay.empty()) {
     summarize("one way", oneWay, oneWayJudged, "at >= " + sizeText(kGoalFromSize), kGoalRatio, run);
   }
   if (!bothWays.empty()) {

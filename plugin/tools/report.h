@@ -54,6 +54,7 @@ struct RunDescription {
   std::string baseline = "raw TCP";  // the second column's peer: "raw TCP", "raw CE+TCP" or a railnet device name
   BaselineKind baselineKind = BaselineKind::kRawTcp;
   bool oneWayTable = true;           // the one-way table follows the header (not with --bidir)
+  bool everySize = false;            // the summary covers every size (--group: small messages are the point)
   // --gpu only (empty on the host): where the buffers are ("GPU 0 (PCI 0000:19:00.0)"), what is compared ("GPU
   // memory: railnet vs raw copy engines + TCP"), and the raw CE+TCP peer's pinned slots per thread and their size.
   std::string gpu;

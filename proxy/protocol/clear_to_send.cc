@@ -44,7 +44,8 @@ std::optional<ClearToSendQueue::Destination> ClearToSendQueue::claim(int tag) {
       if ((receive.usedMask & (1u << i)) != 0 || receive.entries[i].tag != tag) continue;
       receive.usedMask = static_cast<uint8_t>(receive.usedMask | (1u << i));
       const ClearToSendEntry& entry = receive.entries[i];
-      Destination destination{receive.recvId, i, entry.capacity, entry.address, entry.rkey, {}};
+      Destination destination{receive.recvId, i, entry.capacity, entry.address, entry.rkey, {}, receive.count, 0};
+      for (int j = 0; j < receive.count; ++j) destination.groupUnclaimed += (receive.usedMask >> j & 1) == 0 ? 1 : 0;
       for (int p = 0; p < kMaxKeysPerBuffer; ++p) {
         destination.pathKeys[p] = p == 0 || p > receive.extraKeyCount ? entry.rkey : receive.extraKeys[i][p - 1];
       }

@@ -21,6 +21,8 @@ class ClearToSendQueue {
     uint32_t rkey;     // path 0's
     uint32_t pathKeys[kMaxKeysPerBuffer];  // [p]: the rkey for verbs path p ([0] = rkey); paths beyond the
                                            // frame's count repeat rkey
+    int groupSize = 1;       // buffers in the receive this one belongs to
+    int groupUnclaimed = 0;  // of those, still without a send once this one is claimed
   };
 
   // Takes as many whole clear-to-send frames from `data` as it holds; returns the bytes used, or -1 with

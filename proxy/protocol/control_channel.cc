@@ -39,28 +39,31 @@ void ControlChannel::recordSocketFailure(const char* what, ssize_t result) {
 }
 
 void ControlChannel::send(const void* first, size_t firstSize, const void* second, size_t secondSize) {
-  const char* a = static_cast<const char*>(first);
-  const char* b = static_cast<const char*>(second);
+  const iovec pieces[2] = {{const_cast<void*>(first), firstSize}, {const_cast<void*>(second), secondSize}};
+  sendVector(pieces, secondSize > 0 ? 2 : 1);
+}
+
+void ControlChannel::sendVector(const iovec* pieces, int count) {
+  size_t done = 0;
   if (outputSent_ == output_.size() && !failed()) {
     // Nothing queued: write directly, so an inline message costs one syscall and no copy.
     output_.clear();
     outputSent_ = 0;
-    iovec iov[2] = {{const_cast<char*>(a), firstSize}, {const_cast<char*>(b), secondSize}};
-    ssize_t sent = writeVector(fd_.get(), iov, secondSize > 0 ? 2 : 1);
+    iovec iov[kMaxSendPieces];
+    std::copy(pieces, pieces + count, iov);
+    const ssize_t sent = writeVector(fd_.get(), iov, count);
     if (sent < 0) {
       recordSocketFailure("control connection", sent);
       return;
     }
-    size_t done = static_cast<size_t>(sent);
-    size_t fromFirst = std::min(done, firstSize);
-    a += fromFirst;
-    firstSize -= fromFirst;
-    done -= fromFirst;
-    b += done;
-    secondSize -= done;
+    done = static_cast<size_t>(sent);
   }
-  output_.insert(output_.end(), a, a + firstSize);
-  if (secondSize > 0) output_.insert(output_.end(), b, b + secondSize);
+  for (int i = 0; i < count; ++i) {
+    const char* base = static_cast<const char*>(pieces[i].iov_base);
+    const size_t skip = std::min(done, pieces[i].iov_len);
+    done -= skip;
+    output_.insert(output_.end(), base + skip, base + pieces[i].iov_len);
+  }
 }
 
 ssize_t ControlChannel::read() {

@@ -4,6 +4,8 @@
 // holds the connection's first failure, which every later call reports.
 #pragma once
 
+#include <sys/uio.h>
+
 #include <atomic>
 #include <mutex>
 #include <string>
@@ -11,6 +13,7 @@
 
 #include "proxy/nic_counters.h"
 #include "proxy/protocol/socket.h"
+#include "proxy/protocol/wire.h"
 #include "railnet/nccl/common.h"
 
 namespace railnet::protocol {
@@ -40,6 +43,9 @@ class ControlChannel {
   // Output, caller holds the owner's lock. Writes what the socket takes now, straight from the caller's memory,
   // and copies only the rest into the output queue (flushed by later calls).
   void send(const void* first, size_t firstSize, const void* second = nullptr, size_t secondSize = 0);
+  // The same for `count` pieces (at most kMaxSendPieces), written by one syscall when the socket takes them.
+  static constexpr int kMaxSendPieces = 2 * kMaxRecvs;
+  void sendVector(const iovec* pieces, int count);
   // False once the socket failed (the failure is recorded). No syscall when nothing is queued.
   bool flush();
 

@@ -110,6 +110,25 @@ class TcpSendComm final : public SendComm, private StreamOwner {
   std::chrono::steady_clock::time_point stalledSince_{};
   bool stallWarned_ = false;
 
+  // ---- multireceive aggregation (docs/design.md "Multireceive"); caller holds mutex_ ----
+  // A small send into a grouped receive whose other members have no send yet: its frame waits in held_ until the
+  // group is complete, a send for anything else comes (order is kept), or RAILNET_GROUP_WAIT_US passes (checked
+  // by isend and test); then every held frame leaves in one write.
+  struct HeldMember {
+    SendRequest* request;
+    protocol::FrameHeader header;
+    const void* data;
+  };
+  void holdMember(SendRequest* request, const protocol::FrameHeader& header, const void* data, bool groupComplete);
+  void flushHeld();
+  void flushHeldIfDue();
+  std::vector<HeldMember> held_;                      // guarded
+  std::chrono::steady_clock::time_point heldSince_;  // guarded: when held_'s first member came
+  std::chrono::microseconds groupWait_{0};
+  std::atomic<bool> anyHeld_{false};  // held_ is not empty: test() then takes the lock to check the wait
+  uint64_t aggregatedGroups_ = 0;     // guarded: writes that carried two or more members, for the close log
+  uint64_t aggregatedMembers_ = 0;    // guarded
+
   std::deque<Piece> pieces_;  // guarded by mutex_: not yet started, in order
   struct CopyingPiece {
     Piece piece;

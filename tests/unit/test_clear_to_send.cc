@@ -147,3 +147,29 @@ TEST_CASE("a fused verbs receiver's frame carries one rkey per path for each buf
   CHECK(other.parse(reinterpret_cast<const char*>(&bad), sizeof(bad), &why) == -1);
   CHECK(why.find("keys per buffer") != std::string::npos);
 }
+
+TEST_CASE("a claim tells how many buffers of its receive still wait for a send", "[matching]") {
+  // Multireceive aggregation holds a group's small sends until groupUnclaimed reaches 0.
+  ClearToSendQueue queue;
+  std::vector<char> bytes;
+  appendFrame(&bytes, 4, {{5, 10}, {6, 10}, {7, 10}});
+  appendFrame(&bytes, 5, {{6, 10}});
+  feed(&queue, bytes);
+  auto six = queue.claim(6);
+  REQUIRE(six);
+  CHECK(six->groupSize == 3);
+  CHECK(six->groupUnclaimed == 2);
+  auto sixAgain = queue.claim(6);  // the next receive listing tag 6: a group of one
+  REQUIRE(sixAgain);
+  CHECK(sixAgain->recvId == 5);
+  CHECK(sixAgain->groupSize == 1);
+  CHECK(sixAgain->groupUnclaimed == 0);
+  auto seven = queue.claim(7);
+  REQUIRE(seven);
+  CHECK(seven->groupUnclaimed == 1);
+  auto five = queue.claim(5);
+  REQUIRE(five);
+  CHECK(five->recvId == 4);
+  CHECK(five->groupUnclaimed == 0);
+  CHECK(queue.empty());
+}
