@@ -48,7 +48,7 @@ inline constexpr int64_t kSizeMax = INT64_MAX;
   X(Int, tcpInlineBytes, "RAILNET_TCP_INLINE_BYTES", 65536, (0, kSizeMax),                                       \
     "Messages up to this size travel inline on the control connection, sent by the calling thread.")             \
   X(Int, groupWaitUs, "RAILNET_GROUP_WAIT_US", 20, (0, 1000000),                                                \
-    "Multireceive aggregation (TCP): a small send into a grouped receive (maxRecvs > 1) waits up to this long for the "\
+    "Multireceive aggregation: a small send into a grouped receive (maxRecvs > 1) waits up to this long for the "\
     "group's other sends, so they travel as one transfer; 0 sends each member on its own.")                     \
   X(Int, tcpMinChunkBytes, "RAILNET_TCP_MIN_CHUNK_BYTES", 65536, (4096, kSizeMax),                               \
     "Smallest piece a large message is split into across data streams (rounded to 4 KiB).")                      \

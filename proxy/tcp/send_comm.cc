@@ -36,7 +36,6 @@ TcpSendComm::TcpSendComm(Fd control, std::vector<Fd> data, const protocol::Socke
   const Settings& config = settings();
   inlineBytes_ = static_cast<uint64_t>(config.tcpInlineBytes);      // >= 0 (settings table)
   minChunkBytes_ = static_cast<uint64_t>(config.tcpMinChunkBytes);  // >= 4096 (settings table)
-  groupWait_ = std::chrono::microseconds(config.groupWaitUs);
   if (!layout.nics.empty()) control_.setCounters(layout.nics[0]);
   streams_.setCounters(layout);
   nics_ = std::clamp(static_cast<int>(layout.nics.size()), 1, std::max(1, streams_.count()));
@@ -47,10 +46,10 @@ TcpSendComm::TcpSendComm(Fd control, std::vector<Fd> data, const protocol::Socke
 
 TcpSendComm::~TcpSendComm() {
   streams_.stop();
-  if (aggregatedGroups_ != 0) {
+  if (held_.groupsCarried() != 0) {
     RN_INFO(NCCL_NET, "NET/railnet: send comm to %s carried %llu members of grouped receives in %llu writes",
-            control_.peerName().c_str(), static_cast<unsigned long long>(aggregatedMembers_),
-            static_cast<unsigned long long>(aggregatedGroups_));
+            control_.peerName().c_str(), static_cast<unsigned long long>(held_.membersCarried()),
+            static_cast<unsigned long long>(held_.groupsCarried()));
   }
   if (telemetry_.pieces() != 0) {
     RN_INFO(NCCL_NET, "NET/railnet: send comm to %s staged %s", control_.peerName().c_str(),
@@ -103,7 +102,7 @@ void TcpSendComm::warnIfStalled(int tag) {
 ncclResult_t TcpSendComm::isend(void* data, size_t size, int tag, MemoryRegion* mr, Request** request) noexcept {
   *request = nullptr;
   std::lock_guard<std::mutex> lock(mutex_);
-  flushHeldIfDue();
+  if (held_.due()) flushHeld();
   pumpStaging();
   if (control_.failed() || !control_.flush()) return control_.reportFailure();
   const bool fromGpu = onGpu(mr);
@@ -156,11 +155,14 @@ ncclResult_t TcpSendComm::isend(void* data, size_t size, int tag, MemoryRegion* 
   sendRequest->serial_ = ++sends_;
 
   const bool inlined = size == 0 || (size <= inlineBytes_ && !fromGpu && stagedPieceBytes == 0);
-  const bool aggregate = inlined && groupWait_.count() > 0 && found->groupSize > 1;
-  if (!held_.empty() && (!aggregate || held_.front().header.recvId != recvId)) flushHeld();  // keeps the order
-  if (aggregate) {
+  const bool held = held_.holds(*found, inlined);
+  if (held_.mustFlushBefore(held, recvId)) flushHeld();  // keeps the order sends were accepted in
+  if (held) {
+    // Done when its frame is written: with its group, or alone once RAILNET_GROUP_WAIT_US has passed.
+    sendRequest->pendingChunks_.store(1, std::memory_order_relaxed);
     FrameHeader header{static_cast<uint8_t>(FrameType::kInline), static_cast<uint8_t>(slot), 0, recvId, size};
-    holdMember(sendRequest, header, data, found->groupUnclaimed == 0);
+    held_.add(HeldMember{sendRequest, header, data}, recvId);
+    if (found->groupUnclaimed == 0) flushHeld();
   } else if (inlined) {
     // Inline: the bytes are copied into the control queue, so the send is complete at once.
     FrameHeader header{static_cast<uint8_t>(FrameType::kInline), static_cast<uint8_t>(slot), 0, recvId, size};
@@ -276,38 +278,21 @@ void TcpSendComm::queuePiece(const Piece& piece, const char* data, std::atomic<i
   enqueueChunks(what, data, piece.offset, piece.bytes, chunk, 0, 1);
 }
 
-void TcpSendComm::holdMember(SendRequest* request, const FrameHeader& header, const void* data, bool groupComplete) {
-  request->pendingChunks_.store(1, std::memory_order_relaxed);  // done when its frame is written
-  if (held_.empty()) heldSince_ = std::chrono::steady_clock::now();
-  held_.push_back(HeldMember{request, header, data});
-  anyHeld_.store(true, std::memory_order_release);
-  if (groupComplete) flushHeld();
-}
-
 void TcpSendComm::flushHeld() {
-  if (held_.empty()) return;
-  iovec pieces[protocol::ControlChannel::kMaxSendPieces];
-  int count = 0;
-  uint64_t bytes = 0;
-  for (HeldMember& member : held_) {
-    pieces[count++] = {&member.header, sizeof(member.header)};
-    pieces[count++] = {const_cast<void*>(member.data), member.header.size};
-    bytes += member.header.size;
-  }
-  // Copied into the control queue when the socket does not take it all: every member is complete now.
-  control_.sendVector(pieces, count);
-  if (NicCounters* counters = control_.counters()) counters->addSent(bytes);
-  if (held_.size() > 1) {
-    ++aggregatedGroups_;
-    aggregatedMembers_ += held_.size();
-  }
-  for (HeldMember& member : held_) member.request->pendingChunks_.store(0, std::memory_order_release);
-  held_.clear();
-  anyHeld_.store(false, std::memory_order_release);
-}
-
-void TcpSendComm::flushHeldIfDue() {
-  if (!held_.empty() && std::chrono::steady_clock::now() - heldSince_ >= groupWait_) flushHeld();
+  held_.flush([&](std::vector<HeldMember>& members) {
+    iovec pieces[protocol::ControlChannel::kMaxSendPieces];
+    int count = 0;
+    uint64_t bytes = 0;
+    for (HeldMember& member : members) {
+      pieces[count++] = {&member.header, sizeof(member.header)};
+      pieces[count++] = {const_cast<void*>(member.data), member.header.size};
+      bytes += member.header.size;
+    }
+    // Copied into the control queue when the socket does not take it all: every member is complete now.
+    control_.sendVector(pieces, count);
+    if (NicCounters* counters = control_.counters()) counters->addSent(bytes);
+    for (HeldMember& member : members) member.request->pendingChunks_.store(0, std::memory_order_release);
+  });
 }
 
 void TcpSendComm::pumpStaging() {
@@ -371,10 +356,10 @@ ncclResult_t TcpSendComm::testRequest(SendRequest* request, int* done, int* size
   // the copy engines or for a staging slot: then this thread moves them on.
   // Every 4096th unfinished poll also times the send for a stall report: the clock stays off the hot path.
   const bool timeIt = (testsUnfinished_.fetch_add(1, std::memory_order_relaxed) & 4095) == 0;
-  if (stagingWork_.load(std::memory_order_acquire) || anyHeld_.load(std::memory_order_acquire) || timeIt) {
+  if (stagingWork_.load(std::memory_order_acquire) || held_.anyHeld() || timeIt) {
     std::unique_lock<std::mutex> lock(mutex_, std::try_to_lock);
     if (lock.owns_lock()) {
-      flushHeldIfDue();
+      if (held_.due()) flushHeld();
       pumpStaging();
       if (timeIt) reportIfStalled(request);
     }

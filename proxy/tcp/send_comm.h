@@ -13,12 +13,14 @@
 
 #include "proxy/protocol/clear_to_send.h"
 #include "proxy/protocol/control_channel.h"
+#include "proxy/protocol/held_group.h"
 #include "proxy/protocol/request_pool.h"
 #include "proxy/protocol/stall_watch.h"
 #include "proxy/staging/telemetry.h"
 #include "proxy/tcp/data_streams.h"
 #include "proxy/tcp/gpu_staging.h"
 #include "proxy/transport.h"
+#include "railnet/settings.h"
 
 namespace railnet::tcp {
 
@@ -119,15 +121,9 @@ class TcpSendComm final : public SendComm, private StreamOwner {
     protocol::FrameHeader header;
     const void* data;
   };
-  void holdMember(SendRequest* request, const protocol::FrameHeader& header, const void* data, bool groupComplete);
   void flushHeld();
-  void flushHeldIfDue();
-  std::vector<HeldMember> held_;                      // guarded
-  std::chrono::steady_clock::time_point heldSince_;  // guarded: when held_'s first member came
-  std::chrono::microseconds groupWait_{0};
-  std::atomic<bool> anyHeld_{false};  // held_ is not empty: test() then takes the lock to check the wait
-  uint64_t aggregatedGroups_ = 0;     // guarded: writes that carried two or more members, for the close log
-  uint64_t aggregatedMembers_ = 0;    // guarded
+  // Guarded, but anyHeld(): test() then takes the lock to check the wait.
+  protocol::HeldGroup<HeldMember> held_{std::chrono::microseconds(settings().groupWaitUs)};
 
   std::deque<Piece> pieces_;  // guarded by mutex_: not yet started, in order
   struct CopyingPiece {

@@ -70,8 +70,37 @@ bool VerbsRecvComm::sendClearToSend(uint32_t recvId, const void* frame, size_t s
   return true;
 }
 
+void VerbsRecvComm::applyGroupNotice(int path, const Notice& notice, uint32_t bytes) {
+  // Multireceive aggregation: the members' payloads were written before this SEND on the same QP.
+  const size_t count = bytes / sizeof(protocol::ChunkHeader);
+  if (bytes % sizeof(protocol::ChunkHeader) != 0 || count == 0 || count > protocol::kMaxRecvs) {
+    connection_.control().recordFailure("protocol error: a group notice of " + std::to_string(bytes) + " bytes");
+    return;
+  }
+  for (size_t i = 0; i < count; ++i) {
+    protocol::ChunkHeader header;
+    memcpy(&header, reinterpret_cast<const char*>(&notice) + i * sizeof(header), sizeof(header));
+    if (!isGroupMember(header) || carriesPayload(header) || header.offset != 0 || header.length != header.messageSize) {
+      connection_.control().recordFailure("protocol error: a malformed member in a group notice");
+      return;
+    }
+    if (ring_.destination(header) == nullptr) {
+      connection_.control().recordFailure("protocol error: a group notice names receive " +
+                                          std::to_string(header.recvId) + " buffer " + std::to_string(header.slot) +
+                                          " outside what is posted");
+      return;
+    }
+    connection_.counters(path).addReceived(header.length);
+    ring_.addBytes(header);
+  }
+}
+
 void VerbsRecvComm::applyNotice(int path, const Notice& notice, uint32_t bytes) {
   const protocol::ChunkHeader& header = notice.header;
+  if (isGroupMember(header)) {
+    applyGroupNotice(path, notice, bytes);
+    return;
+  }
   char* destination = ring_.destination(header);
   if (destination == nullptr) {
     connection_.control().recordFailure("protocol error: a notice for receive " + std::to_string(header.recvId) +

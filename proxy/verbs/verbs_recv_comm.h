@@ -56,6 +56,8 @@ class VerbsRecvComm final : public RecvComm {
   void postNotice(int path, int qpIndex, int bufferIndex);
   void pollCompletions();
   void applyNotice(int path, const Notice& notice, uint32_t bytes);
+  // A group notice: 1..8 members' headers, their payloads already written. Caller holds mutex_.
+  void applyGroupNotice(int path, const Notice& notice, uint32_t bytes);
   void pumpControl();
   bool sendClearToSend(uint32_t recvId, const void* frame, size_t size);
 

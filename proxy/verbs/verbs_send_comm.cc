@@ -23,10 +23,23 @@ VerbsSendComm::VerbsSendComm(std::vector<std::shared_ptr<VerbsDevice>> nics, int
   for (int i = static_cast<int>(kSendRequests) - 1; i >= 0; --i) freeEagerSlots_.push_back(i);
   eagerRegion_ = connection_.registerMemory(eagerHeaders_.data(), eagerHeaders_.size() * sizeof(protocol::ChunkHeader),
                                       NCCL_PTR_HOST);
+  groupHeaders_.resize(static_cast<size_t>(kGroupNotices) * protocol::kMaxRecvs);
+  groupRegion_ = connection_.registerMemory(groupHeaders_.data(), groupHeaders_.size() * sizeof(protocol::ChunkHeader),
+                                            NCCL_PTR_HOST);
+  groupRequests_.resize(kGroupNotices);
+  for (int i = kGroupNotices - 1; i >= 0; --i) freeGroupNotices_.push_back(i);
   ctsBuffers_.resize(kClearToSendBuffers * kClearToSendBytes);
   ctsRegion_ = connection_.registerMemory(ctsBuffers_.data(), ctsBuffers_.size(), NCCL_PTR_HOST);
   // Posted before the QPs reach RTR, so no clear-to-send can arrive without a buffer.
   for (size_t i = 0; i < kClearToSendBuffers; ++i) postClearToSendBuffer(i);
+}
+
+VerbsSendComm::~VerbsSendComm() {
+  if (held_.groupsCarried() != 0) {
+    RN_INFO(NCCL_NET, "NET/railnet: send comm to %s carried %llu members of grouped receives in %llu notices",
+            connection_.control().peerName().c_str(), static_cast<unsigned long long>(held_.membersCarried()),
+            static_cast<unsigned long long>(held_.groupsCarried()));
+  }
 }
 
 void VerbsSendComm::postClearToSendBuffer(size_t index) {
@@ -69,6 +82,12 @@ void VerbsSendComm::pollCompletions() {
           connection_.control().recordFailure(used < 0 ? why : "protocol error: a partial clear-to-send frame");
         }
         postClearToSendBuffer(index);
+      } else if ((completion.wr_id & kGroupWrTag) != 0) {
+        // A group notice went out: every member it named is done.
+        const int slot = static_cast<int>(completion.wr_id & ~kGroupWrTag);
+        for (VerbsSendRequest* member : groupRequests_[static_cast<size_t>(slot)]) --member->pendingStripes_;
+        groupRequests_[static_cast<size_t>(slot)].clear();
+        freeGroupNotices_.push_back(slot);
       } else if (completion.wr_id != 0) {
         auto* request = reinterpret_cast<VerbsSendRequest*>(completion.wr_id);
         if (--request->pendingStripes_ == 0 && request->eagerSlot_ >= 0) {
@@ -166,12 +185,85 @@ bool VerbsSendComm::postStripes(VerbsSendRequest* request, int path, const char*
   return true;
 }
 
+bool VerbsSendComm::postGroup(std::vector<HeldMember>& members) {
+  const int slot = freeGroupNotices_.back();
+  freeGroupNotices_.pop_back();
+  const int path = static_cast<int>(messages_++ % static_cast<uint64_t>(connection_.paths()));
+  const int nic = connection_.nicOf(path);
+  QueuePairs& qps = connection_.qps(path);
+  ibv_qp* qp = qps.qp(static_cast<int>(nextQp_[path]++ % static_cast<uint32_t>(qps.count())));
+  protocol::ChunkHeader* headers = &groupHeaders_[static_cast<size_t>(slot) * protocol::kMaxRecvs];
+  ibv_sge dataSges[protocol::kMaxRecvs];
+  ibv_send_wr writes[protocol::kMaxRecvs + 1] = {};
+  int posted = 0;
+  for (size_t i = 0; i < members.size(); ++i) {
+    const HeldMember& member = members[i];
+    headers[i] = {};
+    headers[i].recvId = member.destination.recvId;
+    headers[i].slot = static_cast<uint8_t>(member.destination.slot);
+    headers[i].flags = kGroupMember;
+    headers[i].messageSize = member.size;
+    headers[i].length = member.size;
+    member.request->pathBytes_[path] += member.size;
+    groupRequests_[static_cast<size_t>(slot)].push_back(member.request);
+    if (member.size == 0) continue;  // its header alone completes it
+    dataSges[posted] = {reinterpret_cast<uint64_t>(member.data), static_cast<uint32_t>(member.size),
+                        member.region->nic(nic).lkey()};
+    ibv_send_wr& write = writes[posted];
+    write.sg_list = &dataSges[posted];
+    write.num_sge = 1;
+    write.opcode = IBV_WR_RDMA_WRITE;
+    write.wr.rdma.remote_addr = member.destination.address;
+    write.wr.rdma.rkey = member.destination.pathKeys[path];
+    ++posted;
+  }
+  ibv_sge noticeSge{reinterpret_cast<uint64_t>(headers), static_cast<uint32_t>(members.size() * sizeof(protocol::ChunkHeader)),
+                    groupRegion_->nic(nic).lkey()};
+  ibv_send_wr& notice = writes[posted];
+  notice.wr_id = kGroupWrTag | static_cast<uint64_t>(slot);
+  notice.sg_list = &noticeSge;
+  notice.num_sge = 1;
+  notice.opcode = IBV_WR_SEND;
+  notice.send_flags = IBV_SEND_SIGNALED;
+  for (int i = 0; i < posted; ++i) writes[i].next = &writes[i + 1];
+  ibv_send_wr* bad = nullptr;
+  if (int rc = ibv_post_send(qp, &writes[0], &bad); rc != 0) {
+    // The members' requests stay pending; the failure recorded here fails them in test().
+    groupRequests_[static_cast<size_t>(slot)].clear();
+    freeGroupNotices_.push_back(slot);
+    connection_.control().recordFailure("ibv_post_send on QP " + std::to_string(qp->qp_num) + " failed: " + errnoText(rc),
+                                        protocol::FailureKind::kLocal);
+    return false;
+  }
+  return true;
+}
+
+void VerbsSendComm::flushHeld() {
+  held_.flush([&](std::vector<HeldMember>& members) {
+    if (!freeGroupNotices_.empty()) {
+      postGroup(members);
+      return;
+    }
+    // Every group notice still in flight: each member goes as it would have alone (pendingStripes_ is recounted).
+    for (HeldMember& member : members) {
+      member.request->pendingStripes_ = 0;
+      if (member.size > 0 && member.size <= kEagerBytes && !freeEagerSlots_.empty()) {
+        if (!postEager(member.request, 0, member.data, member.region, member.size, member.destination)) return;
+      } else if (!postStripes(member.request, 0, member.data, member.region, member.size, 0, member.size,
+                              member.destination)) {
+        return;
+      }
+    }
+  });
+}
+
 ncclResult_t VerbsSendComm::isend(void* data, size_t size, int tag, MemoryRegion* mr, Request** request) noexcept {
   *request = nullptr;
   std::lock_guard<std::mutex> lock(mutex_);
   protocol::ControlChannel& control = connection_.control();
   if (control.failed() || !connection_.ready()) return control.failed() ? control.reportFailure() : ncclSuccess;
   pollCompletions();
+  if (held_.due()) flushHeld();
   std::optional<protocol::ClearToSendQueue::Destination> found = posted_.claim(tag);
   if (!found) {
     // Clear-to-sends come by RDMA; the control socket only says whether the receiver is still there.
@@ -207,6 +299,16 @@ ncclResult_t VerbsSendComm::isend(void* data, size_t size, int tag, MemoryRegion
   sendRequest->pendingStripes_ = 0;
   for (uint64_t& bytes : sendRequest->pathBytes_) bytes = 0;
   const char* bytes = static_cast<const char*>(data);
+  const bool held = held_.holds(*found, size <= kGroupMemberBytes);
+  if (held_.mustFlushBefore(held, found->recvId)) flushHeld();  // keeps the order sends were accepted in
+  if (held) {
+    // Done when the group's notice has gone out: with its group, or alone once RAILNET_GROUP_WAIT_US has passed.
+    sendRequest->pendingStripes_ = 1;
+    held_.add(HeldMember{sendRequest, bytes, region, size, *found}, found->recvId);
+    if (found->groupUnclaimed == 0) flushHeld();
+    *request = sendRequest;
+    return control.failed() ? control.reportFailure() : ncclSuccess;
+  }
   // The fusion scheduler (proxy/stripe_plan.h) spreads the message over the paths; with one path it is one
   // stripe, which the path's QPs split further.
   protocol::Stripe stripes[protocol::kMaxStripeNics];
@@ -237,6 +339,7 @@ ncclResult_t VerbsSendComm::testRequest(VerbsSendRequest* request, int* done, in
   *done = 0;
   std::lock_guard<std::mutex> lock(mutex_);
   pollCompletions();
+  if (held_.due()) flushHeld();
   if (request->pendingStripes_ == 0) {
     *done = 1;
     for (int path = 0; path < connection_.paths(); ++path) {

@@ -4,13 +4,16 @@
 // carries a chunk header, so the receiver counts bytes exactly as with TCP chunks.
 #pragma once
 
+#include <chrono>
 #include <mutex>
 #include <vector>
 
 #include "proxy/protocol/clear_to_send.h"
+#include "proxy/protocol/held_group.h"
 #include "proxy/protocol/request_pool.h"
 #include "proxy/verbs/notice.h"
 #include "proxy/verbs/verbs_connection.h"
+#include "railnet/settings.h"
 
 namespace railnet::verbs {
 
@@ -31,6 +34,7 @@ class VerbsSendComm final : public SendComm {
   // minStripeBytes: the fusion scheduler's threshold (RAILNET_FUSION_MIN_STRIPE_BYTES).
   VerbsSendComm(std::vector<std::shared_ptr<VerbsDevice>> nics, int peerNics, protocol::Fd control,
                 const protocol::SocketAddress& peer, const QpOptions& options, uint64_t minStripeBytes);
+  ~VerbsSendComm() override;
 
   ncclResult_t isend(void* data, size_t size, int tag, MemoryRegion* mr, Request** request) noexcept override;
 
@@ -46,6 +50,26 @@ class VerbsSendComm final : public SendComm {
   // QPs, each followed by its notice SEND.
   bool postStripes(VerbsSendRequest* request, int path, const char* data, const LinkRegion* region, uint64_t size,
                    uint64_t offset, uint64_t length, const protocol::ClearToSendQueue::Destination& destination);
+  // ---- multireceive aggregation (protocol/held_group.h); caller holds mutex_ ----
+  struct HeldMember {
+    VerbsSendRequest* request;
+    const char* data;
+    const LinkRegion* region;
+    uint64_t size;
+    protocol::ClearToSendQueue::Destination destination;
+  };
+  // The held members' RDMA WRITEs (unsignaled) and one signaled SEND of their headers, all on one QP, so RC
+  // ordering lands every payload before the notice. Without a free group notice slot, each member goes alone.
+  void flushHeld();
+  bool postGroup(std::vector<HeldMember>& members);
+  static constexpr int kGroupNotices = 2 * NCCL_NET_MAX_REQUESTS;  // groups whose notice SEND may be in flight
+  static constexpr uint64_t kGroupWrTag = uint64_t{1} << 63;      // in wr_id: a group notice (user pointers never)
+  std::vector<protocol::ChunkHeader> groupHeaders_;                 // kGroupNotices x kMaxRecvs, registered
+  std::unique_ptr<LinkRegion> groupRegion_;
+  std::vector<int> freeGroupNotices_;                               // guarded by mutex_
+  std::vector<std::vector<VerbsSendRequest*>> groupRequests_;       // guarded: per notice slot, its members
+  protocol::HeldGroup<HeldMember> held_{std::chrono::microseconds(settings().groupWaitUs)};  // guarded
+
   // A message of at most kEagerBytes as one SEND: header from a registered slot, payload from the user buffer.
   bool postEager(VerbsSendRequest* request, int path, const char* data, const LinkRegion* region, uint64_t size,
                  const protocol::ClearToSendQueue::Destination& destination);
