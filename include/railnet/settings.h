@@ -50,6 +50,12 @@ inline constexpr int64_t kSizeMax = INT64_MAX;
   X(Int, groupWaitUs, "RAILNET_GROUP_WAIT_US", 20, (0, 1000000),                                                \
     "Multireceive aggregation: a small send into a grouped receive (maxRecvs > 1) waits up to this long for the "\
     "group's other sends, so they travel as one transfer; 0 sends each member on its own.")                     \
+  X(Int, shapeNicMbps, "RAILNET_SHAPE_NIC_MBPS", 0, (0, kIntMax),                                                \
+    "Test feature, fabric emulation (docs/fabric-shaping.md): every NIC of a host sends at most this many Mb/s "\
+    "on TCP data streams; 0: unlimited.")                                                                       \
+  X(Int, shapeSpineMbps, "RAILNET_SHAPE_SPINE_MBPS", 0, (0, kIntMax),                                            \
+    "Test feature, fabric emulation: traffic between NICs of different rails shares this many Mb/s per host, "  \
+    "as a rail-optimized fabric's spine; 0: unlimited.")                                                        \
   X(Int, tcpMinChunkBytes, "RAILNET_TCP_MIN_CHUNK_BYTES", 65536, (4096, kSizeMax),                               \
     "Smallest piece a large message is split into across data streams (rounded to 4 KiB).")                      \
   X(Int, tcpSpinUs, "RAILNET_TCP_SPIN_US", 0, (0, 1000000),                                                      \

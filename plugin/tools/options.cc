@@ -48,6 +48,9 @@ constexpr const char* kUsage =
     "                    NCCL's grouped receives), N sends each; the baseline is the same device with N single\n"
     "                    irecvs, so the ratio is what grouping (and railnet's aggregation, RAILNET_GROUP_WAIT_US)\n"
     "                    gains. One way only; sizes up to 64 KiB unless --max-size says otherwise\n"
+    "  --to DEVICE       railnet's sender connects from --device to a receiver listening on DEVICE (and back the\n"
+    "                    reverse way): with two loopback rails (RAILNET_TCP_ADDRESSES), a cross-rail connection,\n"
+    "                    e.g. for fabric shaping (docs/fabric-shaping.md)\n"
     "  -v, --verbose     forward the plugin's INFO lines to stderr (WARN always goes there)\n"
     "Environment: RAILNET_IFNAME defaults to lo here; RAILNET_TCP_STREAMS sets the streams of railnet and of\n"
     "the raw TCP (or raw CE+TCP) peer alike.\n";
@@ -125,6 +128,7 @@ Options parseOptions(int argc, char** argv) {
     else if (arg == "--one-way") options.bothWays = false;
     else if (arg == "--gpu") options.gpu = true;
     else if (arg == "--group") options.group = parseGroup(value());
+    else if (arg == "--to") options.to = value();
     else if (arg == "-v" || arg == "--verbose") options.verbose = true;
     else if (arg == "-h" || arg == "--help") {
       fputs(kUsage, stdout);

@@ -201,9 +201,14 @@ int run(const Options& options) {
   BenchBuffers buffers(options.maxSize, options.window * options.group, kArenaCap, gpu.get());
   const bool named = !options.device.empty();
   const std::string label = named ? options.device : "railnet";
-  RailnetPeer railnet(*net, named ? options.device : "lo", options.window, buffers, guard, named,
-                      options.group > 1 ? label + ", irecv of " + std::to_string(options.group) : label,
-                      options.group);
+  RailnetPeer::Options peerOptions;
+  peerOptions.exact = named;
+  peerOptions.label = options.group > 1 ? label + ", irecv of " + std::to_string(options.group)
+                      : options.to.empty() ? label
+                                           : label + " -> " + options.to;
+  peerOptions.group = options.group;
+  peerOptions.toDevice = options.to;
+  RailnetPeer railnet(*net, named ? options.device : "lo", options.window, buffers, guard, peerOptions);
   if (options.maxSize > railnet.device().maxP2pBytes) {
     fail("--max-size %zu exceeds the device's maxP2pBytes %zu", options.maxSize, railnet.device().maxP2pBytes);
   }
@@ -224,12 +229,18 @@ int run(const Options& options) {
     case BaselineKind::kRailnetDevice:
       if (options.group > 1) {
         // The same device and sizes, each group member its own irecv: what grouping gains.
+        RailnetPeer::Options single;
+        single.exact = named;
+        single.label = label + ", " + std::to_string(options.group) + " irecvs of 1";
+        single.group = options.group;
+        single.groupedReceives = false;
         baseline = std::make_unique<RailnetPeer>(*net, named ? options.device : "lo", options.window, buffers, guard,
-                                                 named, label + ", " + std::to_string(options.group) + " irecvs of 1",
-                                                 options.group, false);
+                                                 single);
       } else {
-        baseline = std::make_unique<RailnetPeer>(*net, options.against, options.window, buffers, guard, true,
-                                                 options.against);
+        RailnetPeer::Options against;
+        against.exact = true;
+        against.label = options.against;
+        baseline = std::make_unique<RailnetPeer>(*net, options.against, options.window, buffers, guard, against);
       }
       break;
   }

@@ -19,12 +19,13 @@ constexpr uint64_t kCommId = 0x7261696c6e657442ULL;  // "railnetB"
 // registers each protocol buffer once and then sends from / receives into sub-ranges of it.
 class RailnetPeer::Link {
  public:
-  Link(const NetPlugin& net, void* ctx, int dev, const BenchBuffer& source, const BenchBuffer& destination,
-       StallGuard& guard, const char* label)
+  // The sender connects from `fromDev` to the receiver listening on `toDev` (the same device but for --to).
+  Link(const NetPlugin& net, void* ctx, int fromDev, int toDev, const BenchBuffer& source,
+       const BenchBuffer& destination, StallGuard& guard, const char* label)
       : net_(net), label_(label) {
     guard.setPhase(format("railnet %s link: listen/connect/accept", label));
     try {
-      connect(ctx, dev, guard);
+      connect(ctx, fromDev, toDev, guard);
       guard.setPhase(format("railnet %s link: regMr", label));
       NetPlugin::check(net.regMr(sendComm, source.transportData(), source.size(), source.pointerType(), &sendMr),
                        "regMr(sendComm)");
@@ -58,16 +59,16 @@ class RailnetPeer::Link {
  private:
   // listen, then connect and accept from the same thread: both must be non-blocking, so each is simply called
   // again (connect with the same handle buffer) until it hands out its comm.
-  void connect(void* ctx, int dev, StallGuard& guard) {
+  void connect(void* ctx, int fromDev, int toDev, StallGuard& guard) {
     alignas(8) char handle[NCCL_NET_HANDLE_MAXSIZE] = {};
     void* listenComm = nullptr;
-    NetPlugin::check(net_.listen(ctx, dev, handle, &listenComm), "listen");
+    NetPlugin::check(net_.listen(ctx, toDev, handle, &listenComm), "listen");
     if (listenComm == nullptr) fail("plugin listen returned ncclSuccess but a NULL listenComm");
     try {
       while (sendComm == nullptr || recvComm == nullptr) {
         bool moved = false;
         if (sendComm == nullptr) {
-          NetPlugin::check(net_.connect(ctx, dev, handle, &sendComm), "connect");
+          NetPlugin::check(net_.connect(ctx, fromDev, handle, &sendComm), "connect");
           moved |= sendComm != nullptr;
         }
         if (recvComm == nullptr) {
@@ -134,9 +135,10 @@ std::string deviceList(const NetPlugin& net, int count) {
 }  // namespace
 
 RailnetPeer::RailnetPeer(const NetPlugin& net, const std::string& deviceName, int window, BenchBuffers& buffers,
-                         StallGuard& guard, bool exact, std::string label, int group, bool groupedReceives)
-    : net_(net), buffers_(buffers), guard_(guard), window_(window), group_(group), groupedReceives_(groupedReceives),
-      label_(std::move(label)) {
+                         StallGuard& guard, const Options& options)
+    : net_(net), buffers_(buffers), guard_(guard), window_(window), group_(options.group),
+      groupedReceives_(options.groupedReceives), label_(options.label) {
+  const bool exact = options.exact;
   guard.setPhase(label_ + " init/devices");
   NetPlugin::check(net.init(&ctx_, kCommId), "init");
   try {
@@ -178,8 +180,13 @@ RailnetPeer::RailnetPeer(const NetPlugin& net, const std::string& deviceName, in
     if (!buffers.onGpu() && !(props_.ptrSupport & NCCL_PTR_HOST)) {
       fail("device %d does not support host memory (ptrSupport %d)", dev_, props_.ptrSupport);
     }
-    forward_ = std::make_unique<Link>(net, ctx_, dev_, buffers.send, buffers.recv, guard, "forward");
-    back_ = std::make_unique<Link>(net, ctx_, dev_, buffers.echoSend, buffers.echoRecv, guard, "back");
+    toDev_ = dev_;
+    if (!options.toDevice.empty()) {
+      toDev_ = findDevice(net, count, options.toDevice);
+      if (toDev_ < 0) fail("no device named \"%s\" (devices: %s)", options.toDevice.c_str(), deviceList(net, count).c_str());
+    }
+    forward_ = std::make_unique<Link>(net, ctx_, dev_, toDev_, buffers.send, buffers.recv, guard, "forward");
+    back_ = std::make_unique<Link>(net, ctx_, toDev_, dev_, buffers.echoSend, buffers.echoRecv, guard, "back");
     open_ = true;
   } catch (...) {
     back_.reset();

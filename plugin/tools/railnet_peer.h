@@ -23,12 +23,20 @@ class RailnetPeer final : public Peer {
   // device 0 (the default loopback run), else it is an error. `label` names the peer in tables and messages.
   // The device must take the buffers' memory type: with GPU buffers, a device without NCCL_PTR_CUDA throws
   // Unsupported.
-  // `group` > 1 (railnet-bench --group): streamed messages go to receivers in groups of `group` tags (0..group-1),
-  // as one irecv of `group` buffers each when `groupedReceives`, else as `group` single irecvs; `window` receives
-  // (grouped) or window x group receives (single) in flight, window x group sends.
+  struct Options {
+    bool exact = false;
+    std::string label = "railnet";
+    // group > 1 (railnet-bench --group): streamed messages go to receivers in groups of `group` tags (0..group-1),
+    // as one irecv of `group` buffers each when `groupedReceives`, else as `group` single irecvs; `window`
+    // receives (grouped) or window x group receives (single) in flight, window x group sends.
+    int group = 1;
+    bool groupedReceives = true;
+    // Non-empty (railnet-bench --to): the forward link's receiver listens on this device (by name) and its sender
+    // connects from deviceName; the way back is the reverse. Two loopback rails make it a cross-rail connection.
+    std::string toDevice;
+  };
   RailnetPeer(const NetPlugin& net, const std::string& deviceName, int window, BenchBuffers& buffers,
-              StallGuard& guard, bool exact = false, std::string label = "railnet", int group = 1,
-              bool groupedReceives = true);
+              StallGuard& guard, const Options& options);
   ~RailnetPeer() override;  // closes both links, then finalize(); failures only printed
 
   // The same teardown, throwing on the first failure; the destructor then has nothing left to do.
@@ -73,6 +81,7 @@ class RailnetPeer final : public Peer {
   const int window_;
   const int group_;
   const bool groupedReceives_;
+  int toDev_ = -1;  // the forward link's listening device (-1: dev_)
   void* ctx_ = nullptr;
   bool open_ = false;  // init succeeded and shutdown() has not run
   int dev_ = 0;

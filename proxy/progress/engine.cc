@@ -184,6 +184,15 @@ void Worker::waitForEvents(int timeoutMs) {
   }
 }
 
+namespace {
+// CLOCK_MONOTONIC in ns, the clock of EventSource::retryAtNs.
+int64_t monotonicNs() {
+  timespec now{};
+  clock_gettime(CLOCK_MONOTONIC, &now);
+  return static_cast<int64_t>(now.tv_sec) * 1000000000 + now.tv_nsec;
+}
+}  // namespace
+
 void Worker::run() {
   auto lastWork = std::chrono::steady_clock::now();
   while (!stop_.load(std::memory_order_acquire)) {
@@ -201,7 +210,15 @@ void Worker::run() {
       waitForEvents(0);
       continue;
     }
-    if (now - lastWork < spin_) {
+    // A shaped source waiting for its bucket (retryAtNs): spin when it is due within a millisecond (epoll_wait
+    // counts whole milliseconds), else sleep no longer than until it is due.
+    int64_t retryAt = 0;
+    for (EventSource* source : sources_) {
+      const int64_t at = source->retryAtNs();
+      if (at != 0 && (retryAt == 0 || at < retryAt)) retryAt = at;
+    }
+    const int64_t untilRetryNs = retryAt == 0 ? INT64_MAX : retryAt - monotonicNs();
+    if (now - lastWork < spin_ || untilRetryNs < 1000000) {
       waitForEvents(0);
       sched_yield();  // a core shared with other runnable threads goes to them while we poll
       continue;
@@ -215,7 +232,7 @@ void Worker::run() {
     pending = pending || submissions_.load(std::memory_order_seq_cst) != seen;
     if (!pending) {
       ++sleeps_;
-      waitForEvents(1000);
+      waitForEvents(static_cast<int>(std::min<int64_t>(1000, untilRetryNs / 1000000)));
     }
     sleeping_.store(false, std::memory_order_seq_cst);
     lastWork = std::chrono::steady_clock::now();

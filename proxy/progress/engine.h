@@ -26,6 +26,9 @@ class EventSource {
   virtual uint64_t progress() noexcept = 0;
   // epoll reported readiness; the next progress() runs until EAGAIN.
   virtual void markReady(bool readable, bool writable) noexcept = 0;
+  // When a source that moved nothing must be served again without a readiness event (CLOCK_MONOTONIC ns; 0:
+  // never): a shaped stream waiting for its bucket (proxy/shaping/). The helper then sleeps no longer than that.
+  virtual int64_t retryAtNs() const noexcept { return 0; }
   // The engine could not watch the fd (err: errno); no progress() follows.
   virtual void failWith(const char* why, int err) noexcept = 0;
   // Sources with the same non-zero key are served by one helper: both ends of a connection within one process,

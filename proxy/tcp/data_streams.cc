@@ -14,8 +14,11 @@ std::atomic<int> gStarted{0};
 
 void DataStreams::setCounters(const NicLayout& layout) {
   counters_.clear();
+  shaping_.clear();
   if (layout.nics.empty()) return;
   for (size_t i = 0; i < pending_.size(); ++i) counters_.push_back(layout.nics[i % layout.nics.size()]);
+  if (layout.shaping.size() != layout.nics.size()) return;
+  for (size_t i = 0; i < pending_.size(); ++i) shaping_.push_back(layout.shaping[i % layout.shaping.size()]);
 }
 
 void DataStreams::start(StreamOwner* owner) {
@@ -25,7 +28,8 @@ void DataStreams::start(StreamOwner* owner) {
   engine_ = progress::Engine::acquire();
   for (size_t i = 0; i < pending_.size(); ++i) {
     NicCounters* counters = i < counters_.size() ? counters_[i] : nullptr;
-    streams_.push_back(std::make_unique<Stream>(std::move(pending_[i]), owner, static_cast<int>(i), counters));
+    streams_.push_back(std::make_unique<Stream>(std::move(pending_[i]), owner, static_cast<int>(i), counters,
+                                                i < shaping_.size() ? shaping_[i] : shaping::EgressShaping{}));
   }
   pending_.clear();
   std::vector<int> helpers;

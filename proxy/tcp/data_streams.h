@@ -7,6 +7,7 @@
 
 #include "proxy/nic_counters.h"
 #include "proxy/progress/engine.h"
+#include "proxy/shaping/fabric_shaper.h"
 #include "proxy/tcp/stream.h"
 
 namespace railnet::tcp {
@@ -15,6 +16,7 @@ namespace railnet::tcp {
 // channel uses NIC 0. One NIC for a physical device, one per child for a fused one.
 struct NicLayout {
   std::vector<NicCounters*> nics;  // empty: one NIC, nothing counted
+  std::vector<shaping::EgressShaping> shaping;  // per NIC, parallel to nics (empty: unshaped); fabric_shaper.h
   uint64_t minStripeBytes = 0;     // sender of a fused device: planStripes' threshold (protocol/stripe_plan.h)
 };
 
@@ -25,7 +27,7 @@ class DataStreams {
   DataStreams(const DataStreams&) = delete;
   DataStreams& operator=(const DataStreams&) = delete;
 
-  // Stream s counts on layout.nics[s % nics]; call before start().
+  // Stream s counts on layout.nics[s % nics] and draws from layout.shaping[s % nics]; call before start().
   void setCounters(const NicLayout& layout);
   // Hands the streams to the progress engine; call once the owner is fully constructed.
   void start(StreamOwner* owner);
@@ -41,6 +43,7 @@ class DataStreams {
  private:
   std::vector<Fd> pending_;  // sockets until start()
   std::vector<NicCounters*> counters_;
+  std::vector<shaping::EgressShaping> shaping_;  // per pending stream, when shaped
   std::shared_ptr<progress::Engine> engine_;
   std::vector<std::unique_ptr<Stream>> streams_;
   bool started_ = false;

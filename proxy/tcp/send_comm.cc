@@ -37,6 +37,7 @@ TcpSendComm::TcpSendComm(Fd control, std::vector<Fd> data, const protocol::Socke
   inlineBytes_ = static_cast<uint64_t>(config.tcpInlineBytes);      // >= 0 (settings table)
   minChunkBytes_ = static_cast<uint64_t>(config.tcpMinChunkBytes);  // >= 4096 (settings table)
   if (!layout.nics.empty()) control_.setCounters(layout.nics[0]);
+  if (!layout.shaping.empty()) controlShaping_ = layout.shaping[0];
   streams_.setCounters(layout);
   nics_ = std::clamp(static_cast<int>(layout.nics.size()), 1, std::max(1, streams_.count()));
   nics_ = std::min(nics_, kMaxStripeNics);
@@ -106,6 +107,10 @@ ncclResult_t TcpSendComm::isend(void* data, size_t size, int tag, MemoryRegion* 
   pumpStaging();
   if (control_.failed() || !control_.flush()) return control_.reportFailure();
   const bool fromGpu = onGpu(mr);
+  // Fabric emulation: a message that may go inline waits (a NULL request: NCCL retries) until NIC 0's bucket has
+  // room for all of it; larger ones wait in their streams. Given back below if it does not go inline after all.
+  const bool mayInline = size > 0 && size <= inlineBytes_ && !fromGpu && controlShaping_.active();
+  if (mayInline && !controlShaping_.takeWhole(size)) return ncclSuccess;
   std::optional<ClearToSendQueue::Destination> found = posted_.claim(tag);
   if (!found) {
     // Only read the socket when what we already hold does not match: one recv() at most per call.
@@ -114,6 +119,7 @@ ncclResult_t TcpSendComm::isend(void* data, size_t size, int tag, MemoryRegion* 
     found = posted_.claim(tag);
   }
   if (!found) {
+    if (mayInline) controlShaping_.refund(size);
     warnIfStalled(tag);
     return ncclSuccess;
   }
@@ -155,6 +161,7 @@ ncclResult_t TcpSendComm::isend(void* data, size_t size, int tag, MemoryRegion* 
   sendRequest->serial_ = ++sends_;
 
   const bool inlined = size == 0 || (size <= inlineBytes_ && !fromGpu && stagedPieceBytes == 0);
+  if (mayInline && !inlined) controlShaping_.refund(size);  // its chunks draw from their streams' buckets
   const bool held = held_.holds(*found, inlined);
   if (held_.mustFlushBefore(held, recvId)) flushHeld();  // keeps the order sends were accepted in
   if (held) {
@@ -168,6 +175,7 @@ ncclResult_t TcpSendComm::isend(void* data, size_t size, int tag, MemoryRegion* 
     FrameHeader header{static_cast<uint8_t>(FrameType::kInline), static_cast<uint8_t>(slot), 0, recvId, size};
     control_.send(&header, sizeof(header), data, size);
     if (NicCounters* counters = control_.counters()) counters->addSent(size);
+
     sendRequest->pendingChunks_.store(0, std::memory_order_relaxed);
   } else if (fromGpu || stagedPieceBytes != 0) {
     sendPieces(sendRequest, static_cast<const char*>(data), size, recvId, slot, fromGpu, stagedPieceBytes);
@@ -291,6 +299,7 @@ void TcpSendComm::flushHeld() {
     // Copied into the control queue when the socket does not take it all: every member is complete now.
     control_.sendVector(pieces, count);
     if (NicCounters* counters = control_.counters()) counters->addSent(bytes);
+
     for (HeldMember& member : members) member.request->pendingChunks_.store(0, std::memory_order_release);
   });
 }

@@ -100,6 +100,7 @@ class TcpSendComm final : public SendComm, private StreamOwner {
   CommStaging staging_{"send"};
   DataStreams streams_;
   uint64_t inlineBytes_;
+  shaping::EgressShaping controlShaping_;  // NIC 0's: inline messages wait for it (fabric emulation)
   uint64_t minChunkBytes_;
 
   std::mutex mutex_;

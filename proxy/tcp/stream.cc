@@ -71,11 +71,12 @@ uint64_t connectionKeyOf(int fd) {
 }
 }  // namespace
 
-Stream::Stream(Fd fd, StreamOwner* owner, int index, NicCounters* counters)
+Stream::Stream(Fd fd, StreamOwner* owner, int index, NicCounters* counters, shaping::EgressShaping shaping)
     : fd_(std::move(fd)),
       owner_(owner),
       index_(index),
       counters_(counters),
+      shaping_(std::move(shaping)),
       connectionKey_(connectionKeyOf(fd_.get())),
       passBytes_(settings().tcpPassBytes > 0 ? static_cast<uint64_t>(settings().tcpPassBytes) : UINT64_MAX) {}
 
@@ -140,8 +141,11 @@ bool Stream::giveQueuedChunk(SendOp* out) {
   return true;
 }
 
+int64_t Stream::retryAtNs() const noexcept { return shapedWait_ ? shapedUntilNs_ : 0; }
+
 uint64_t Stream::progressSend() {
   uint64_t moved = 0;
+  shapedWait_ = false;
   while (writable_ && moved < passBytes_) {
     if (sending_.empty() && !refill(passBytes_ - moved)) break;
     // Gather the head of the queue into one sendmsg: fewer syscalls for runs of chunks.
@@ -150,6 +154,18 @@ uint64_t Stream::progressSend() {
     int count = 0;
     uint64_t done = sentOfFront_;  // only the front op can be partly written
     uint64_t budget = passBytes_ - moved;
+    uint64_t granted = 0;
+    if (shaping_.active()) {
+      // Fabric emulation: write only what the NIC's (and across rails the spine's) bucket grants now.
+      const int64_t now = shaping::monotonicNs();
+      int64_t wait = 0;
+      if (now < shapedUntilNs_ || (granted = shaping_.take(budget, now, &wait)) == 0) {
+        if (now >= shapedUntilNs_) shapedUntilNs_ = now + wait;
+        shapedWait_ = true;
+        break;
+      }
+      budget = granted;
+    }
     for (const SendOp& op : sending_) {
       if (count + 2 > kMaxIov || budget == 0) break;
       auto* header = reinterpret_cast<char*>(const_cast<ChunkHeader*>(&op.header));
@@ -169,6 +185,8 @@ uint64_t Stream::progressSend() {
     }
     ssize_t sent = writeVector(fd_.get(), iov, count);
     ++(sent == 0 ? telemetry_.sendWouldBlock : telemetry_.sendCalls);
+    // Chunk headers are charged too (they ride outside the pass budget): at most a few dozen bytes over.
+    if (granted > 0 && sent >= 0 && static_cast<uint64_t>(sent) < granted) shaping_.refund(granted - static_cast<uint64_t>(sent));
     if (sent == 0) {
       writable_ = false;
       break;

@@ -14,6 +14,7 @@
 #include "proxy/progress/engine.h"
 #include "proxy/protocol/socket.h"
 #include "proxy/protocol/wire.h"
+#include "proxy/shaping/fabric_shaper.h"
 
 namespace railnet::tcp {
 
@@ -67,7 +68,8 @@ std::string streamTelemetryLine();
 class Stream final : public progress::EventSource {
  public:
   // counters: the NIC this stream's socket uses (payload bytes are added as chunks complete), or nullptr.
-  Stream(Fd fd, StreamOwner* owner, int index, NicCounters* counters = nullptr);
+  Stream(Fd fd, StreamOwner* owner, int index, NicCounters* counters = nullptr,
+         shaping::EgressShaping shaping = {});
 
   int fd() const noexcept override { return fd_.get(); }
   int index() const { return index_; }
@@ -88,6 +90,7 @@ class Stream final : public progress::EventSource {
   // progress::EventSource, helper thread only.
   uint64_t progress() noexcept override;
   void markReady(bool readable, bool writable) noexcept override;
+  int64_t retryAtNs() const noexcept override;
   void failWith(const char* why, int err) noexcept override;
   uint64_t affinityKey() const noexcept override { return connectionKey_; }
 
@@ -109,6 +112,9 @@ class Stream final : public progress::EventSource {
   StreamOwner* owner_;
   int index_;
   NicCounters* counters_;
+  shaping::EgressShaping shaping_;  // fabric emulation: what this stream may write when (inactive: anything)
+  int64_t shapedUntilNs_ = 0;       // helper only: nothing is written before this CLOCK_MONOTONIC time
+  bool shapedWait_ = false;         // helper only: the last send pass stopped for the bucket
   const uint64_t connectionKey_;  // the same for both ends of one TCP connection (its two addresses, in order)
   const uint64_t passBytes_;      // most bytes moved per direction in one progress() (RAILNET_TCP_PASS_BYTES)
 

@@ -188,11 +188,11 @@ class TcpTransport final : public Transport {
       layout.minStripeBytes = minStripe;
       for (size_t nic = 0; nic < nics.size(); ++nic) {
         NicCounters& counters = nicCounters(nics[nic].first, nics[nic].second);
-        if (nic == 0 || nic < dataStreams) {
-          const int16_t remote = nic < peer.dataRails.size() ? peer.dataRails[nic] : peer.controlRail;
-          counters.addConnection(nics[nic].second, remote);
-        }
+        const int16_t remote = nic < peer.dataRails.size() ? peer.dataRails[nic] : peer.controlRail;
+        if (nic == 0 || nic < dataStreams) counters.addConnection(nics[nic].second, remote);
         layout.nics.push_back(&counters);
+        // Fabric emulation (a test feature, off by default): this NIC's bucket, and the spine's across rails.
+        layout.shaping.push_back(shaping::FabricShaper::forStream(nics[nic].second, remote));
       }
       return layout;
     };
