@@ -49,7 +49,8 @@ std::vector<NicCounterSnapshot> nicCounterSnapshot() {
     out.push_back({e.nic, e.railId, e.counters.bytesSent.load(std::memory_order_relaxed),
                    e.counters.bytesReceived.load(std::memory_order_relaxed),
                    e.counters.connections.load(std::memory_order_relaxed),
-                   e.counters.crossRailConnections.load(std::memory_order_relaxed)});
+                   e.counters.crossRailConnections.load(std::memory_order_relaxed),
+                   e.counters.routedConnections.load(std::memory_order_relaxed)});
   }
   return out;
 }
@@ -60,7 +61,8 @@ std::vector<std::string> nicCounterLines() {
     if (s.bytesSent == 0 && s.bytesReceived == 0 && s.connections == 0) continue;
     lines.push_back(s.nic + " rail " + std::to_string(s.railId) + ": sent " + std::to_string(s.bytesSent) +
                     " B, received " + std::to_string(s.bytesReceived) + " B, " + std::to_string(s.connections) +
-                    " connection(s), " + std::to_string(s.crossRailConnections) + " cross-rail");
+                    " connection(s), " + std::to_string(s.crossRailConnections) + " cross-rail, " +
+                    std::to_string(s.routedConnections) + " routed here from another rail's device");
   }
   return lines;
 }

@@ -16,7 +16,9 @@ struct NicCounters {
   std::atomic<uint64_t> bytesReceived{0};
   std::atomic<uint64_t> connections{0};
   std::atomic<uint64_t> crossRailConnections{0};
+  std::atomic<uint64_t> routedConnections{0};  // connections NCCL asked of another rail's device, routed here
 
+  void addRouted() { routedConnections.fetch_add(1, std::memory_order_relaxed); }
   void addSent(uint64_t bytes) { bytesSent.fetch_add(bytes, std::memory_order_relaxed); }
   void addReceived(uint64_t bytes) { bytesReceived.fetch_add(bytes, std::memory_order_relaxed); }
   // One established connection (either side); railIds use NCCL_NET_ID_UNDEF (-1) when unknown, which never
@@ -36,12 +38,14 @@ struct NicCounterSnapshot {
   uint64_t bytesReceived;
   uint64_t connections;
   uint64_t crossRailConnections;
+  uint64_t routedConnections;
 };
 
 // The counters of the NIC named `nic` (created on first use; the reference stays valid for the process's life).
 NicCounters& nicCounters(const std::string& nic, int railId);
 std::vector<NicCounterSnapshot> nicCounterSnapshot();
-// One line per NIC that carried traffic: "<nic> rail <r>: sent X B, received Y B, N connection(s), M cross-rail".
+// One line per NIC that carried traffic: "<nic> rail <r>: sent X B, received Y B, N connection(s), M cross-rail,
+// K routed here from another rail's device".
 std::vector<std::string> nicCounterLines();
 
 }  // namespace railnet

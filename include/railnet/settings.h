@@ -50,6 +50,9 @@ inline constexpr int64_t kSizeMax = INT64_MAX;
   X(Int, groupWaitUs, "RAILNET_GROUP_WAIT_US", 20, (0, 1000000),                                                \
     "Multireceive aggregation: a small send into a grouped receive (maxRecvs > 1) waits up to this long for the "\
     "group's other sends, so they travel as one transfer; 0 sends each member on its own.")                     \
+  X(Int, forward, "RAILNET_FORWARD", 1, (0, 1),                                                                 \
+    "PXN-style routing on TCP: a connection to a peer NIC on another rail leaves from this host's NIC on that "  \
+    "rail when there is one (docs/design.md, Routes); 0: always from the device NCCL chose.")                    \
   X(Int, shapeNicMbps, "RAILNET_SHAPE_NIC_MBPS", 0, (0, kIntMax),                                                \
     "Test feature, fabric emulation (docs/fabric-shaping.md): every NIC of a host sends at most this many Mb/s "\
     "on TCP data streams; 0: unlimited.")                                                                       \

@@ -16,6 +16,7 @@
 #include "railnet/error.h"
 #include "railnet/log.h"
 #include "railnet/settings.h"
+#include "topo/route.h"
 #include "topo/netif.h"
 
 namespace railnet::tcp {
@@ -118,7 +119,8 @@ class TcpTransport final : public Transport {
   }
 
   void connect(int dev, void* handle, std::unique_ptr<SendComm>* comm) override {
-    protocol::connectStep(static_cast<Handle*>(handle), optionsFor(dev), comm);
+    auto* peer = static_cast<Handle*>(handle);
+    protocol::connectStep(peer, optionsFor(routeFor(dev, *peer)), comm);
   }
 
   int makeVirtualDevice(const std::vector<int>& children) override {
@@ -163,6 +165,28 @@ class TcpTransport final : public Transport {
   std::vector<int> childrenOf(int dev) const {  // caller holds mutex_
     const DeviceInfo& info = devices_[checked(dev)];
     return info.children.empty() ? std::vector<int>{dev} : info.children;
+  }
+
+  // PXN-style routing (topo/route.h, RAILNET_FORWARD): the device a connection from `dev` to the NIC named by
+  // `peer` leaves from. Physical devices only, on both ends (a fused peer's NICs are matched per stream).
+  int routeFor(int dev, const Handle& peer) const {
+    if (settings().forward == 0 || peer.addressCount > 1) return dev;
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (checked(dev) >= nics_.size()) return dev;
+    std::vector<int16_t> rails;
+    for (size_t i = 0; i < nics_.size(); ++i) rails.push_back(devices_[i].railId);
+    sockaddr_storage peerAddress{};
+    std::memcpy(&peerAddress, peer.address, sizeof(peer.address));
+    const int routed = topo::routeDevice(rails, dev, peer.railId, [&](int candidate) {
+      return nics_[static_cast<size_t>(candidate)].address.storage.ss_family == peerAddress.ss_family;
+    });
+    if (routed != dev && peer.connectToken == 0) {  // the first call of this connection's connects
+      nicCounters(devices_[static_cast<size_t>(routed)].name, devices_[static_cast<size_t>(routed)].railId).addRouted();
+      RN_INFO(NCCL_NET, "NET/railnet: connection from %s (rail %d) to a NIC on rail %d leaves from %s, on that rail",
+              devices_[static_cast<size_t>(dev)].name.c_str(), devices_[static_cast<size_t>(dev)].railId, peer.railId,
+              devices_[static_cast<size_t>(routed)].name.c_str());
+    }
+    return routed;
   }
 
   // The connection options of a device: its NICs with rails, and comm factories that count traffic per NIC.

@@ -111,10 +111,17 @@ int fuse(const FusionLoad& load, int version, const std::vector<int>& devs) {
 }
 
 // One NIC's counters as logged at the last close ("NET/railnet: NIC <nic> rail <r>: sent X B, received Y B,
-// N connection(s), M cross-rail").
+// N connection(s), M cross-rail, K routed here from another rail's device").
 struct NicLine {
-  unsigned long long sent = 0, received = 0, connections = 0, crossRail = 0;
+  unsigned long long sent = 0, received = 0, connections = 0, crossRail = 0, routed = 0;
 };
+
+// Whether a connection from one rail's device to a NIC on another rail is routed to this host's NIC on that rail
+// (RAILNET_FORWARD, TCP only; docs/design.md "Routes").
+bool routesAcrossRails() {
+  const char* forward = std::getenv("RAILNET_FORWARD");
+  return !verbsTransport() && (forward == nullptr || std::strcmp(forward, "0") != 0);
+}
 
 std::map<std::string, NicLine> nicLinesSince(uint64_t mark) {
   std::map<std::string, NicLine> out;
@@ -126,8 +133,9 @@ std::map<std::string, NicLine> nicLinesSince(uint64_t mark) {
     const size_t space = rest.find(' ');
     NicLine line;
     int rail = 0;
-    if (std::sscanf(rest.c_str() + space, " rail %d: sent %llu B, received %llu B, %llu connection(s), %llu cross-rail",
-                    &rail, &line.sent, &line.received, &line.connections, &line.crossRail) != 5) {
+    if (std::sscanf(rest.c_str() + space,
+                    " rail %d: sent %llu B, received %llu B, %llu connection(s), %llu cross-rail, %llu routed",
+                    &rail, &line.sent, &line.received, &line.connections, &line.crossRail, &line.routed) != 6) {
       fail(__FILE__, __LINE__, "unparsable NIC counter line: " + record.text);
     }
     out[rest.substr(0, space)] = line;  // the latest line of each NIC wins
@@ -141,7 +149,8 @@ struct CounterDelta {
   NicLine of(const std::string& nic) const {
     NicLine a = after.count(nic) ? after.at(nic) : NicLine{};
     NicLine b = before.count(nic) ? before.at(nic) : NicLine{};
-    return NicLine{a.sent - b.sent, a.received - b.received, a.connections - b.connections, a.crossRail - b.crossRail};
+    return NicLine{a.sent - b.sent, a.received - b.received, a.connections - b.connections, a.crossRail - b.crossRail,
+                   a.routed - b.routed};
   }
 };
 
@@ -344,8 +353,19 @@ TEST_CASE("fusion", "nic_counters", Scope::PerVersionOwnLoad) {
           strf("%llu connections, %llu cross-rail", plain.of(nic0).connections, plain.of(nic0).crossRail));
   REQUIRE(plain.of(nic1).sent == 0 && plain.of(nic1).connections == 0, "NIC 1 counted traffic it did not carry");
 
-  // Rail 0 to rail 1: both ends count one cross-rail connection; the bytes leave NIC 0 and arrive on NIC 1.
-  if (crossNicWorks()) {
+  if (routesAcrossRails()) {
+    // Rail 0's device to a NIC on rail 1, routed: the connection leaves from NIC 1, so nothing crosses rails and
+    // NIC 0 carries nothing.
+    CounterDelta routed = measure(rails[0], rails[1], {MiB});
+    REQUIRE(routed.of(nic0).sent == 0 && routed.of(nic0).received == 0 && routed.of(nic0).connections == 0,
+            strf("%s carried %llu / %llu B in %llu connections of a routed connection", nic0.c_str(),
+                 routed.of(nic0).sent, routed.of(nic0).received, routed.of(nic0).connections));
+    REQUIRE(routed.of(nic1).sent == MiB && routed.of(nic1).received == MiB && routed.of(nic1).crossRail == 0 &&
+                routed.of(nic1).routed == 1,
+            strf("%s: sent %llu, received %llu, %llu cross-rail, %llu routed", nic1.c_str(), routed.of(nic1).sent,
+                 routed.of(nic1).received, routed.of(nic1).crossRail, routed.of(nic1).routed));
+  } else if (crossNicWorks()) {
+    // Rail 0 to rail 1: both ends count one cross-rail connection; the bytes leave NIC 0 and arrive on NIC 1.
     CounterDelta cross = measure(rails[0], rails[1], {MiB});
     REQUIRE(cross.of(nic0).crossRail == 1 && cross.of(nic1).crossRail == 1,
             strf("cross-rail %llu / %llu", cross.of(nic0).crossRail, cross.of(nic1).crossRail));

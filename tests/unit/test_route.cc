@@ -1,0 +1,34 @@
+// PXN-style routing (topo/route.h): which local NIC a connection to a peer NIC on a given rail leaves from.
+#include <catch2/catch.hpp>
+
+#include <vector>
+
+#include "topo/route.h"
+
+using railnet::topo::routeDevice;
+
+namespace {
+const auto any = [](int) { return true; };
+}
+
+TEST_CASE("a connection to another rail leaves from this host's NIC on that rail", "[route]") {
+  const std::vector<int16_t> rails = {0, 1, 2, 3};
+  CHECK(routeDevice(rails, 0, 2, any) == 2);
+  CHECK(routeDevice(rails, 3, 1, any) == 1);
+  CHECK(routeDevice(rails, 1, 1, any) == 1);  // already on the peer's rail
+}
+
+TEST_CASE("without a usable NIC on the peer's rail, or without rails, the connection keeps its NIC", "[route]") {
+  const std::vector<int16_t> rails = {0, 1, -1};
+  CHECK(routeDevice(rails, 0, 5, any) == 0);   // no NIC on rail 5 here
+  CHECK(routeDevice(rails, 2, 1, any) == 2);   // this NIC's rail is unknown
+  CHECK(routeDevice(rails, 0, -1, any) == 0);  // the peer's rail is unknown
+  CHECK(routeDevice(rails, 0, 1, [](int dev) { return dev != 1; }) == 0);  // rail 1's NIC not eligible
+  CHECK(routeDevice(rails, 7, 1, any) == 7);   // not a device of this list (a fused one): untouched
+}
+
+TEST_CASE("of several NICs on the peer's rail, the first eligible one is taken", "[route]") {
+  const std::vector<int16_t> rails = {0, 1, 1};
+  CHECK(routeDevice(rails, 0, 1, any) == 1);
+  CHECK(routeDevice(rails, 0, 1, [](int dev) { return dev == 2; }) == 2);
+}
