@@ -1,5 +1,6 @@
 #include "railnet/settings.h"
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdlib>
 #include <cstddef>
@@ -95,6 +96,24 @@ bool parseEnumField(const char* env, const char* text, const Spelling<T> (&spell
   return false;
 }
 
+// An integer setting from NCCL's name: clamped into railnet's range, or left at its default when it does not parse.
+void loadIntFallback(const char* env, const char* nccl, const char* text, int64_t min, int64_t max, int64_t* field,
+                     LoadedSettings* result) {
+  int64_t value = 0;
+  if (!parseInt(text, &value)) {
+    result->warnings.push_back(quoted(nccl, text) + ": not an integer; railnet keeps " + env + "'s default " +
+                               std::to_string(*field));
+    return;
+  }
+  const int64_t used = std::clamp(value, min, max);
+  if (used != value) {
+    result->warnings.push_back(quoted(nccl, text) + " is outside railnet's range for " + env + " (" +
+                               rangeText(min, max) + "): railnet uses " + std::to_string(used));
+  }
+  *field = used;
+  result->sources.push_back({env, nccl, std::to_string(used)});
+}
+
 // Each enum row's spellings, as kSpellings_<field>.
 #define RAILNET_SETTING_SPELLINGS_String(field, allowed)
 #define RAILNET_SETTING_SPELLINGS_Int(field, allowed)
@@ -143,21 +162,59 @@ bool parseSetting(const char* env, const char* text, Settings* out, std::string*
   return false;
 }
 
+const char* ncclFallbackFor(const char* railnetName) {
+#define RAILNET_FALLBACK_FIND(railnet, nccl) \
+  if (std::strcmp(railnetName, railnet) == 0) return nccl;
+  RAILNET_NCCL_FALLBACKS(RAILNET_FALLBACK_FIND)
+#undef RAILNET_FALLBACK_FIND
+  return nullptr;
+}
+
 LoadedSettings loadSettings(const char* (*lookup)(const char* name)) {
   LoadedSettings result;
+  // NCCL's name, when railnet's is unset: the same parser; what NCCL allows but railnet does not is clamped (ints)
+  // or left at the default (anything else), with a warning instead of an error.
+#define RAILNET_FALLBACK_String(field, env, nccl, text, allowed) \
+  result.values.field = text;                                     \
+  result.sources.push_back({env, nccl, text});
+#define RAILNET_FALLBACK_Int(field, env, nccl, text, allowed) \
+  loadIntFallback(env, nccl, text, RAILNET_SETTING_FIRST allowed, RAILNET_SETTING_SECOND allowed, &result.values.field, &result);
+#define RAILNET_FALLBACK_Enum(field, env, nccl, text, allowed)                                       \
+  {                                                                                                   \
+    std::string error;                                                                                \
+    if (parseEnumField(nccl, text, kSpellings_##field, &result.values.field, &error)) {             \
+      result.sources.push_back({env, nccl, text});                                                   \
+    } else {                                                                                          \
+      result.warnings.push_back(error + "; railnet keeps " + std::string(env) + "'s default");      \
+    }                                                                                                 \
+  }
 #define RAILNET_SETTING_LOAD(type, field, env, def, allowed, doc)                                      \
   if (const char* value = lookup(env)) {                                                              \
     std::string error;                                                                                \
-    if (!parseSetting(env, value, &result.values, &error)) result.errors.push_back(std::move(error)); \
+    if (parseSetting(env, value, &result.values, &error)) {                                           \
+      result.sources.push_back({env, env, value});                                                    \
+    } else {                                                                                          \
+      result.errors.push_back(std::move(error));                                                      \
+    }                                                                                                 \
+  } else if (const char* nccl = ncclFallbackFor(env); nccl != nullptr && lookup(nccl) != nullptr) {  \
+    const char* text = lookup(nccl);                                                                  \
+    RAILNET_FALLBACK_##type(field, env, nccl, text, allowed)                                          \
   }
   RAILNET_SETTINGS(RAILNET_SETTING_LOAD)
 #undef RAILNET_SETTING_LOAD
+#undef RAILNET_FALLBACK_String
+#undef RAILNET_FALLBACK_Int
+#undef RAILNET_FALLBACK_Enum
   return result;
 }
 
 const Settings& settings() { return processSettings().values; }
 
 const std::vector<std::string>& settingsErrors() { return processSettings().errors; }
+
+const std::vector<std::string>& settingsWarnings() { return processSettings().warnings; }
+
+const std::vector<SettingSource>& settingsSources() { return processSettings().sources; }
 
 std::span<const SettingInfo> settingsTable() {
   static const std::vector<SettingInfo> table = buildTable();

@@ -95,6 +95,20 @@ void checkSettings() {
   fail(ncclInvalidUsage, "NET/railnet: %zu invalid RAILNET_* setting(s); see the warnings above", errors.size());
 }
 
+// Which variable decided each setting the environment set (NCCL's names included, issue 16), once per process.
+void logSettingSources() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    for (const std::string& warning : settingsWarnings()) RN_WARN("NET/railnet: %s", warning.c_str());
+    std::string decided;
+    for (const SettingSource& source : settingsSources()) {
+      decided += (decided.empty() ? "" : ", ") + source.setting + "=" + source.value;
+      if (source.variable != source.setting) decided += " (from " + source.variable + ")";
+    }
+    if (!decided.empty()) RN_INFO(NCCL_INIT | NCCL_ENV, "NET/railnet: settings from the environment: %s", decided.c_str());
+  });
+}
+
 // RAILNET_TRANSPORT=auto takes verbs when an RDMA port is active and says why not otherwise.
 std::unique_ptr<Transport> chooseTransport() {
   const TransportChoice wanted = settings().transport;
@@ -237,6 +251,7 @@ ncclResult_t init(int abiVersion, ncclDebugLogger_t logger, void** ctx, uint64_t
     std::lock_guard<std::mutex> lock(plugin.mutex);
     if (!plugin.transport) {
       checkSettings();  // RAILNET_* are parsed once; a bad value fails init (and every retry of it)
+      logSettingSources();
       std::unique_ptr<Transport> chosen = chooseTransport();
       placeDevices(*chosen);  // may throw (bad RAILNET_RAILS / RAILNET_TOPO_XML): init fails, and a retry redoes it
       openGpuPathForStagingTransport(*chosen);

@@ -147,6 +147,22 @@ inline constexpr int64_t kSizeMax = INT64_MAX;
   X(Int, tunerNicGbps, "RAILNET_TUNER_NIC_GBPS", 0, (0, kIntMax),                                                \
     "Per-node network bandwidth (Gb/s, all NICs) for the tuner's model; 0 sums railnet's devices.")
 
+// NCCL's names for the settings that mean the same thing (issue 16): when the RAILNET_* variable is unset, railnet
+// reads NCCL's, with NCCL's grammar, so a job that already tunes NCCL's sockets or IB needs nothing new. A value
+// NCCL takes but railnet's range does not is clamped to it, and one railnet cannot read keeps the default: both
+// with a WARN, never a failed init (the job was valid for NCCL). Y(RAILNET name, NCCL name).
+#define RAILNET_NCCL_FALLBACKS(Y)                                 \
+  Y("RAILNET_IFNAME", "NCCL_SOCKET_IFNAME")                       \
+  Y("RAILNET_SOCKET_FAMILY", "NCCL_SOCKET_FAMILY")                \
+  Y("RAILNET_IB_HCA", "NCCL_IB_HCA")                              \
+  Y("RAILNET_IB_GID_INDEX", "NCCL_IB_GID_INDEX")                  \
+  Y("RAILNET_IB_ADDR_FAMILY", "NCCL_IB_ADDR_FAMILY")              \
+  Y("RAILNET_IB_TC", "NCCL_IB_TC")                                \
+  Y("RAILNET_IB_SL", "NCCL_IB_SL")                                \
+  Y("RAILNET_IB_TIMEOUT", "NCCL_IB_TIMEOUT")                      \
+  Y("RAILNET_IB_RETRY_CNT", "NCCL_IB_RETRY_CNT")                  \
+  Y("RAILNET_IB_QPS_PER_CONNECTION", "NCCL_IB_QPS_PER_CONNECTION")
+
 #define RAILNET_SETTING_FIRST(first, ...) first
 #define RAILNET_SETTING_SECOND(first, second, ...) second
 #define RAILNET_SETTING_REST(first, ...) __VA_ARGS__
@@ -164,9 +180,18 @@ struct Settings {
 
 // Values plus what was wrong with them. A field whose value was rejected keeps its default, but a caller that
 // finds errors must not run with it: each error reads RAILNET_X="value": <why>; allowed: <range or values>.
+// A setting the environment decided: which variable (the RAILNET_* one or NCCL's) and the value taken.
+struct SettingSource {
+  std::string setting;   // RAILNET_X
+  std::string variable;  // RAILNET_X or NCCL_Y
+  std::string value;     // as written, or as clamped
+};
+
 struct LoadedSettings {
   Settings values;
   std::vector<std::string> errors;
+  std::vector<std::string> warnings;    // NCCL-named values railnet clamped or could not read (not fatal)
+  std::vector<SettingSource> sources;   // every setting the environment decided, in table order
   operator const Settings&() const { return values; }  // NOLINT: lets `Settings s = loadSettings(...)` read
 };
 
@@ -183,6 +208,11 @@ struct SettingInfo {
 const Settings& settings();
 // What was wrong with the process-wide values; empty when every RAILNET_* setting is valid.
 const std::vector<std::string>& settingsErrors();
+// NCCL-named values that were clamped or ignored, and which variable decided each setting (process-wide).
+const std::vector<std::string>& settingsWarnings();
+const std::vector<SettingSource>& settingsSources();
+// NCCL's name for a RAILNET_* setting (RAILNET_NCCL_FALLBACKS), or nullptr.
+const char* ncclFallbackFor(const char* railnetName);
 
 // Parse every setting through `lookup` (a getenv-like lookup); used by settings() and by tests. Logs nothing.
 LoadedSettings loadSettings(const char* (*lookup)(const char* name));

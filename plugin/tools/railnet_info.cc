@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -28,11 +29,15 @@ struct Options {
   std::string rails;
   bool railsGiven = false;
   std::vector<std::string> devices;  // --devices: transport device names to place instead of the discovered ones
+  bool env = false;                   // --env: every setting, its value and the variable that decided it
 };
 
 void usage(FILE* out) {
   fprintf(out,
           "usage: railnet-info [--json | --xml] [--topo-xml FILE | --sysfs] [--rails SPEC] [--devices NAME[,...]]\n"
+          "       railnet-info --env\n"
+          "  --env            every RAILNET_* setting: its value and which variable decided it (the RAILNET_* one,\n"
+          "                   NCCL's equivalent such as NCCL_SOCKET_IFNAME, or the default)\n"
           "  --json           machine-readable output\n"
           "  --xml            print only the NCCL topology XML railnet would hand over (empty when none)\n"
           "  --topo-xml FILE  read a hwloc XML file (lstopo --of xml) instead of this machine; default: "
@@ -87,6 +92,8 @@ bool parseArgs(int argc, char** argv, Options* options) {
       const char* v = value("--devices");
       if (v == nullptr) return false;
       options->devices = splitList(v);
+    } else if (arg == "--env") {
+      options->env = true;
     } else if (arg == "-h" || arg == "--help") {
       usage(stdout);
       exit(0);
@@ -277,9 +284,30 @@ void printJson(const Topology& topology, const RailPlan& plan, const Transports&
 
 }  // namespace
 
+// --env: one line per setting, "RAILNET_X value (from VARIABLE | default)", then NCCL-named values railnet clamped
+// or ignored.
+void printEnvironment() {
+  std::map<std::string, const railnet::SettingSource*> decided;
+  for (const railnet::SettingSource& source : railnet::settingsSources()) decided[source.setting] = &source;
+  for (const railnet::SettingInfo& info : railnet::settingsTable()) {
+    auto found = decided.find(info.env);
+    const char* fallback = railnet::ncclFallbackFor(info.env);
+    std::string from = found == decided.end() ? "default" : "from " + found->second->variable;
+    if (found == decided.end() && fallback != nullptr) from += std::string("; ") + fallback + " unset";
+    const std::string value = found == decided.end() ? info.defaultValue : found->second->value;
+    printf("%-34s %-24s (%s)\n", info.env, value.empty() ? "\"\"" : value.c_str(), from.c_str());
+  }
+  for (const std::string& warning : railnet::settingsWarnings()) fprintf(stderr, "railnet-info: %s\n", warning.c_str());
+}
+
 int main(int argc, char** argv) {
   Options options;
   if (!parseArgs(argc, argv, &options)) return 2;
+  if (options.env) {
+    printEnvironment();
+    for (const std::string& error : railnet::settingsErrors()) fprintf(stderr, "railnet-info: %s\n", error.c_str());
+    return railnet::settingsErrors().empty() ? 0 : 1;
+  }
   // The plugin's init would fail on these (docs/decisions.md D59): say so, and show no map.
   if (!railnet::settingsErrors().empty()) {
     for (const std::string& error : railnet::settingsErrors()) fprintf(stderr, "railnet-info: %s\n", error.c_str());

@@ -30,14 +30,15 @@ using namespace railnet::tuner;
 
 namespace {
 
+constexpr const char* kUsage =
+    "usage: railnet-tune table --nodes N --gpus-per-node G [--nics K] --nic-gbps X [--calibration FILE]\n"
+    "                          [--no-model] [--colls allreduce,...] [--min BYTES] [--max BYTES]\n"
+    "       railnet-tune calibrate LOG... -o FILE [--nodes N] [--ranks R]\n"
+    "       railnet-tune bench --plugin PATH [--calibration FILE] [--calls N]\n";
+
+// A usage error: the reason and the usage on stderr, exit status 2.
 [[noreturn]] void usage(const char* why) {
-  std::fprintf(stderr,
-               "railnet-tune: %s\n"
-               "usage: railnet-tune table --nodes N --gpus-per-node G [--nics K] --nic-gbps X [--calibration FILE]\n"
-               "                          [--no-model] [--colls allreduce,...] [--min BYTES] [--max BYTES]\n"
-               "       railnet-tune calibrate LOG... -o FILE [--nodes N] [--ranks R]\n"
-               "       railnet-tune bench --plugin PATH [--calibration FILE] [--calls N]\n",
-               why);
+  std::fprintf(stderr, "railnet-tune: %s\n%s", why, kUsage);
   std::exit(2);
 }
 
@@ -283,11 +284,16 @@ int bench(int argc, char** argv) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  for (int i = 1; i < argc; ++i) {
+    if (std::strcmp(argv[i], "-h") == 0 || std::strcmp(argv[i], "--help") == 0) {
+      std::fputs(kUsage, stdout);  // asked for, with or without a command: stdout, success
+      return 0;
+    }
+  }
   if (argc < 2) usage("no command");
   std::string command = argv[1];
   if (command == "table") return table(argc - 2, argv + 2);
   if (command == "calibrate") return calibrate(argc - 2, argv + 2);
   if (command == "bench") return bench(argc - 2, argv + 2);
-  if (command == "-h" || command == "--help") usage("help");
   usage(("unknown command " + command).c_str());
 }

@@ -11,8 +11,8 @@ fi
 GPUS=$(nvidia-smi -L | wc -l)
 RANKS=${RANKS:-$GPUS}
 export NCCL_NVLS_ENABLE=0          # required on the shared GPU machines
+# railnet reads NCCL's interface choice when RAILNET_IFNAME is unset (issue 16): one variable for both.
 export NCCL_SOCKET_IFNAME=${NCCL_SOCKET_IFNAME:-lo}
-export RAILNET_IFNAME=${RAILNET_IFNAME:-lo}
 
 # mpirun_ranks ENV... -- COMMAND...: one process per rank, each its own "host" (NCCL_HOSTID), no CPU binding
 # (mpirun binds each rank to one core by default, which starves any transport's helper threads).
@@ -22,7 +22,7 @@ mpirun_ranks() {
   shift
   mpirun --allow-run-as-root --bind-to none -np "$RANKS" \
     -x LD_LIBRARY_PATH="$NCCL_LIB_DIR:${PLUGIN_DIR:-}:${LD_LIBRARY_PATH:-}" -x NCCL_NVLS_ENABLE \
-    -x NCCL_SOCKET_IFNAME -x RAILNET_IFNAME "${envs[@]}" \
+    -x NCCL_SOCKET_IFNAME "${envs[@]}" \
     bash -c '
       export NCCL_HOSTID=fakehost$((OMPI_COMM_WORLD_RANK / $1))
       # Several ranks per fake host: rank r uses GPU r mod ranks-per-host (nccl-tests counts local ranks by real

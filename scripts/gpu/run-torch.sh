@@ -5,7 +5,7 @@ set -euo pipefail
 PLUGIN=$(realpath "$1"); OUT=$2
 here=$(dirname "$(realpath "$0")")
 mkdir -p "$OUT"
-export NCCL_NVLS_ENABLE=0 NCCL_SOCKET_IFNAME=lo RAILNET_IFNAME=lo
+export NCCL_NVLS_ENABLE=0 NCCL_SOCKET_IFNAME=lo  # railnet takes NCCL_SOCKET_IFNAME when RAILNET_IFNAME is unset
 # One rank per GPU, at least two (on a one-GPU machine both share it: correctness, not speed).
 ranks=$(nvidia-smi -L | wc -l)
 [ "$ranks" -lt 2 ] && ranks=2

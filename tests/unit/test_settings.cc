@@ -210,3 +210,58 @@ TEST_CASE("parseSetting parses one variable and refuses names that are not setti
   CHECK(!railnet::parseSetting("RAILNET_NO_SUCH_THING", "1", &parsed, &error));
   CHECK(error == "RAILNET_NO_SUCH_THING is not a railnet setting");
 }
+
+TEST_CASE("NCCL's name decides a setting railnet's leaves unset; railnet's wins", "[settings]") {
+  gEnv = {{"NCCL_SOCKET_IFNAME", "=eth1"}, {"NCCL_IB_HCA", "mlx5_0:1"}, {"NCCL_IB_TC", "106"},
+          {"NCCL_SOCKET_FAMILY", "AF_INET6"}, {"NCCL_IB_SL", "3"}, {"RAILNET_IB_SL", "5"}};
+  const railnet::LoadedSettings loaded = railnet::loadSettings(fakeEnv);
+  CHECK(loaded.errors.empty());
+  CHECK(loaded.warnings.empty());
+  CHECK(loaded.values.ifname == "=eth1");
+  CHECK(loaded.values.ibHca == "mlx5_0:1");
+  CHECK(loaded.values.ibTrafficClass == 106);
+  CHECK(loaded.values.socketFamily == railnet::AddressFamily::kInet6);
+  CHECK(loaded.values.ibServiceLevel == 5);  // RAILNET_IB_SL wins over NCCL_IB_SL
+  auto source = [&](const std::string& setting) {
+    for (const railnet::SettingSource& s : loaded.sources) {
+      if (s.setting == setting) return s.variable + "=" + s.value;
+    }
+    return std::string("(default)");
+  };
+  CHECK(source("RAILNET_IFNAME") == "NCCL_SOCKET_IFNAME==eth1");
+  CHECK(source("RAILNET_IB_SL") == "RAILNET_IB_SL=5");
+  CHECK(source("RAILNET_TCP_STREAMS") == "(default)");
+}
+
+TEST_CASE("NCCL values outside railnet's range are clamped, unreadable ones ignored, with warnings", "[settings]") {
+  gEnv = {{"NCCL_IB_QPS_PER_CONNECTION", "16"}, {"NCCL_IB_GID_INDEX", "three"}, {"NCCL_IB_ADDR_FAMILY", "AF_UNIX"}};
+  const railnet::LoadedSettings loaded = railnet::loadSettings(fakeEnv);
+  CHECK(loaded.errors.empty());  // a job valid for NCCL must not fail railnet's init
+  REQUIRE(loaded.warnings.size() == 3);
+  CHECK(loaded.values.ibQpsPerConnection == 8);  // clamped to railnet's 1..8
+  auto warned = [&](const char* variable) {
+    for (const std::string& warning : loaded.warnings) {
+      if (warning.find(variable) != std::string::npos) return true;
+    }
+    return false;
+  };
+  CHECK(warned("NCCL_IB_QPS_PER_CONNECTION"));
+  CHECK(warned("NCCL_IB_GID_INDEX"));
+  CHECK(warned("NCCL_IB_ADDR_FAMILY"));
+  CHECK(loaded.values.ibGidIndex == -1);  // default kept
+  CHECK(loaded.values.ibAddrFamily == railnet::AddressFamily::kInet);
+}
+
+TEST_CASE("every NCCL fallback names a railnet setting that exists", "[settings]") {
+#define CHECK_FALLBACK(railnetName, ncclName)                                  \
+  {                                                                            \
+    railnet::Settings scratch;                                                 \
+    std::string error;                                                         \
+    CHECK(std::string(railnet::ncclFallbackFor(railnetName)) == (ncclName));  \
+    railnet::parseSetting(railnetName, "", &scratch, &error);                  \
+    CHECK(error.find("is not a railnet setting") == std::string::npos);        \
+  }
+  RAILNET_NCCL_FALLBACKS(CHECK_FALLBACK)
+#undef CHECK_FALLBACK
+  CHECK(railnet::ncclFallbackFor("RAILNET_TCP_STREAMS") == nullptr);
+}
