@@ -12,6 +12,7 @@
 #include "proxy/tcp/tcp_transport.h"
 #include "proxy/verbs/verbs_transport.h"
 #include "railnet/settings.h"
+#include "railnet/version.h"
 #include "topo/placement.h"
 
 namespace railnet::net {
@@ -83,7 +84,7 @@ void logStartup(int abiVersion, const Transport& chosen) {
     names += (dev > 0 ? ", " : "") + info.name + " (" + std::to_string(info.speedMbps / 1000) + " Gb/s)";
   }
   RN_INFO(NCCL_INIT | NCCL_NET, "NET/railnet: railnet %s, net ABI v%d, %s transport, %d device(s): %s",
-          RAILNET_VERSION, abiVersion, chosen.name(), chosen.deviceCount(), names.c_str());
+          kVersion, abiVersion, chosen.name(), chosen.deviceCount(), names.c_str());
 }
 
 // One WARN per bad RAILNET_* value, then init fails: a job must not run with settings the user did not choose
@@ -250,6 +251,9 @@ ncclResult_t init(int abiVersion, ncclDebugLogger_t logger, void** ctx, uint64_t
     PluginState& plugin = state();
     std::lock_guard<std::mutex> lock(plugin.mutex);
     if (!plugin.transport) {
+      // First, so a log of any failure below says which build it came from.
+      RN_INFO(NCCL_INIT | NCCL_NET, "NET/railnet: railnet %s (revision %s), net ABI v%d", kVersion, revision(),
+              abiVersion);
       checkSettings();  // RAILNET_* are parsed once; a bad value fails init (and every retry of it)
       logSettingSources();
       std::unique_ptr<Transport> chosen = chooseTransport();

@@ -10,6 +10,7 @@
 
 #include "plugin/tools/harness.h"
 #include "railnet/nccl/common.h"
+#include "railnet/version.h"
 
 namespace railnet::bench {
 namespace {
@@ -51,6 +52,7 @@ constexpr const char* kUsage =
     "  --to DEVICE       railnet's sender connects from --device to a receiver listening on DEVICE (and back the\n"
     "                    reverse way): with two loopback rails (RAILNET_TCP_ADDRESSES), a cross-rail connection,\n"
     "                    e.g. for fabric shaping (docs/fabric-shaping.md)\n"
+    "  --version         print railnet's version and git revision\n"
     "  -v, --verbose     forward the plugin's INFO lines to stderr (WARN always goes there)\n"
     "Environment: RAILNET_IFNAME defaults to lo here; RAILNET_TCP_STREAMS sets the streams of railnet and of\n"
     "the raw TCP (or raw CE+TCP) peer alike.\n";
@@ -130,6 +132,10 @@ Options parseOptions(int argc, char** argv) {
     else if (arg == "--group") options.group = parseGroup(value());
     else if (arg == "--to") options.to = value();
     else if (arg == "-v" || arg == "--verbose") options.verbose = true;
+    else if (arg == "--version") {
+      printf("railnet-bench %s (revision %s)\n", railnet::kVersion, railnet::revision());
+      exit(0);
+    }
     else if (arg == "-h" || arg == "--help") {
       fputs(kUsage, stdout);
       exit(0);

@@ -14,6 +14,7 @@
 #include "proxy/verbs/ibverbs_api.h"
 #include "railnet/error.h"
 #include "railnet/settings.h"
+#include "railnet/version.h"
 #include "topo/netif.h"
 #include "topo/placement.h"
 
@@ -35,7 +36,7 @@ struct Options {
 void usage(FILE* out) {
   fprintf(out,
           "usage: railnet-info [--json | --xml] [--topo-xml FILE | --sysfs] [--rails SPEC] [--devices NAME[,...]]\n"
-          "       railnet-info --env\n"
+          "       railnet-info --env | --version\n"
           "  --env            every RAILNET_* setting: its value and which variable decided it (the RAILNET_* one,\n"
           "                   NCCL's equivalent such as NCCL_SOCKET_IFNAME, or the default)\n"
           "  --json           machine-readable output\n"
@@ -92,6 +93,9 @@ bool parseArgs(int argc, char** argv, Options* options) {
       const char* v = value("--devices");
       if (v == nullptr) return false;
       options->devices = splitList(v);
+    } else if (arg == "--version") {
+      printf("railnet-info %s (revision %s)\n", railnet::kVersion, railnet::revision());
+      exit(0);
     } else if (arg == "--env") {
       options->env = true;
     } else if (arg == "-h" || arg == "--help") {

@@ -25,6 +25,7 @@
 #include "plugin/tuner/decide.h"
 #include "plugin/tuner/names.h"
 #include "railnet/nccl/tuner.h"
+#include "railnet/version.h"
 
 using namespace railnet::tuner;
 
@@ -34,7 +35,8 @@ constexpr const char* kUsage =
     "usage: railnet-tune table --nodes N --gpus-per-node G [--nics K] --nic-gbps X [--calibration FILE]\n"
     "                          [--no-model] [--colls allreduce,...] [--min BYTES] [--max BYTES]\n"
     "       railnet-tune calibrate LOG... -o FILE [--nodes N] [--ranks R]\n"
-    "       railnet-tune bench --plugin PATH [--calibration FILE] [--calls N]\n";
+    "       railnet-tune bench --plugin PATH [--calibration FILE] [--calls N]\n"
+    "       railnet-tune --help | --version\n";
 
 // A usage error: the reason and the usage on stderr, exit status 2.
 [[noreturn]] void usage(const char* why) {
@@ -287,6 +289,10 @@ int main(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) {
     if (std::strcmp(argv[i], "-h") == 0 || std::strcmp(argv[i], "--help") == 0) {
       std::fputs(kUsage, stdout);  // asked for, with or without a command: stdout, success
+      return 0;
+    }
+    if (std::strcmp(argv[i], "--version") == 0) {
+      std::printf("railnet-tune %s (revision %s)\n", railnet::kVersion, railnet::revision());
       return 0;
     }
   }
