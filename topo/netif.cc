@@ -44,8 +44,7 @@ bool usableAddress(const ifaddrs* entry) {
   return family == AF_INET || family == AF_INET6;
 }
 
-std::vector<NetInterface> collect(const ifaddrs* list, const NameFilter& filter, bool autoSelect,
-                                  bool loopbackOnly, int family) {
+std::vector<NetInterface> collect(const ifaddrs* list, const NameFilter& filter, int family) {
   std::vector<NetInterface> result;
   for (const ifaddrs* entry = list; entry != nullptr; entry = entry->ifa_next) {
     if (!usableAddress(entry)) continue;
@@ -53,12 +52,7 @@ std::vector<NetInterface> collect(const ifaddrs* list, const NameFilter& filter,
     if (family != AF_UNSPEC && entryFamily != family) continue;
     std::string name = entry->ifa_name;
     bool loopback = (entry->ifa_flags & IFF_LOOPBACK) != 0;
-    if (autoSelect) {
-      bool wanted = loopbackOnly ? loopback : !loopback && name.rfind("docker", 0) != 0;
-      if (!wanted) continue;
-    } else if (!filter.matches(name)) {
-      continue;
-    }
+    if (!filter.matches(name)) continue;
     NetInterface* existing = nullptr;
     for (NetInterface& candidate : result) {
       if (candidate.name == name) existing = &candidate;
@@ -100,10 +94,13 @@ std::vector<NetInterface> discoverInterfaces(std::string_view spec, AddressFamil
   std::unique_ptr<ifaddrs, decltype(&freeifaddrs)> list(raw, freeifaddrs);
   NameFilter filter(spec, NameFilter::Syntax::kNames);
   const int wanted = static_cast<int>(family);
-  if (!filter.empty()) return collect(list.get(), filter, false, false, wanted);
-  std::vector<NetInterface> result = collect(list.get(), filter, true, false, wanted);
-  if (result.empty()) result = collect(list.get(), filter, true, true, wanted);
-  return result;
+  if (!filter.empty()) return collect(list.get(), filter, wanted);
+  // Nothing named: NCCL's own order (src/misc/socket.cc, ncclFindInterfaces), the first that finds any.
+  for (const char* automatic : kAutomaticInterfaces) {
+    std::vector<NetInterface> result = collect(list.get(), NameFilter(automatic, NameFilter::Syntax::kNames), wanted);
+    if (!result.empty()) return result;
+  }
+  return {};
 }
 
 std::string formatAddress(const sockaddr* address) {

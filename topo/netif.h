@@ -23,8 +23,10 @@ struct NetInterface {
 
 // Up interfaces with an address of the wanted family (kAny: IPv4 preferred), one entry per interface, in the
 // kernel's order. `spec` is in the NCCL_SOCKET_IFNAME grammar (topo/name_filter.h, Syntax::kNames: "eth,ib"
-// prefixes, "^docker,lo" excludes, "=eth0" exact). An empty spec means: all but lo and docker*, or lo when
-// nothing else exists.
+// prefixes, "^docker,lo" excludes, "=eth0" exact). An empty spec picks as NCCL's socket code does: the first of
+// kAutomaticInterfaces that matches any interface (IPoIB first; then anything but docker, loopback and virtual
+// bridges; then docker, lo, virbr). NCCL's NCCL_COMM_ID subnet hint is not used.
+inline constexpr const char* kAutomaticInterfaces[] = {"ib", "^docker,lo,virbr", "docker", "lo", "virbr"};
 std::vector<NetInterface> discoverInterfaces(std::string_view spec, AddressFamily family);
 // The same with the family spelled as RAILNET_SOCKET_FAMILY allows ("", "AF_INET", "AF_INET6", ...); an unknown
 // spelling is logged and means any family.

@@ -35,7 +35,7 @@ inline constexpr int64_t kSizeMax = INT64_MAX;
 #define RAILNET_SETTINGS(X)                                                                                      \
   X(String, ifname, "RAILNET_IFNAME", "", (),                                                                    \
     "Interfaces railnet may use, NCCL_SOCKET_IFNAME syntax: comma-separated prefixes, '^' to exclude, '=' for "  \
-    "exact names. Empty: every interface that is up except lo and docker*, or lo when nothing else is up.")      \
+    "exact names. Empty: NCCL's order, the first that finds any of ib*; all but docker*, lo, virbr*; docker*; lo.") \
   X(Enum, socketFamily, "RAILNET_SOCKET_FAMILY", AddressFamily::kAny,                                            \
     (AddressFamily, {"", AddressFamily::kAny}, {"AF_INET", AddressFamily::kInet},                                \
      {"AF_INET6", AddressFamily::kInet6}, {"4", AddressFamily::kInet}, {"ipv4", AddressFamily::kInet},           \

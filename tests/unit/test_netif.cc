@@ -2,6 +2,10 @@
 
 #include <netinet/in.h>
 
+#include <iterator>
+#include <string>
+#include <vector>
+
 #include "topo/name_filter.h"
 #include "topo/netif.h"
 
@@ -49,4 +53,22 @@ TEST_CASE("loopback is found when asked for by name", "[netif]") {
 
 TEST_CASE("an interface that does not exist selects nothing", "[netif]") {
   CHECK(railnet::topo::discoverInterfaces("=no-such-if0", "").empty());
+}
+
+TEST_CASE("with nothing named, interfaces are picked in NCCL's order", "[netif]") {
+  // src/misc/socket.cc ncclFindInterfaces: IPoIB, then anything but docker/lo/virbr, then docker, lo, virbr.
+  const std::vector<std::string> order(std::begin(railnet::topo::kAutomaticInterfaces),
+                                       std::end(railnet::topo::kAutomaticInterfaces));
+  CHECK(order == std::vector<std::string>{"ib", "^docker,lo,virbr", "docker", "lo", "virbr"});
+  // On this machine: the first step that finds an interface decides, so loopback only when nothing else is up.
+  const auto automatic = railnet::topo::discoverInterfaces("", railnet::AddressFamily::kAny);
+  REQUIRE_FALSE(automatic.empty());  // lo at least
+  const auto ib = railnet::topo::discoverInterfaces("ib", railnet::AddressFamily::kAny);
+  const auto others = railnet::topo::discoverInterfaces("^docker,lo,virbr", railnet::AddressFamily::kAny);
+  if (!ib.empty()) {
+    CHECK(automatic.size() == ib.size());
+  } else if (!others.empty()) {
+    CHECK(automatic.size() == others.size());
+    for (const auto& nic : automatic) CHECK_FALSE(nic.loopback);
+  }
 }
