@@ -13,6 +13,7 @@
 #include <mutex>
 #include <thread>
 
+#include "base/clock.h"
 #include "railnet/error.h"
 #include "railnet/log.h"
 #include "railnet/settings.h"
@@ -183,15 +184,6 @@ void Worker::waitForEvents(int timeoutMs) {
                       (events[i].events & (EPOLLOUT | EPOLLHUP | EPOLLERR)) != 0);
   }
 }
-
-namespace {
-// CLOCK_MONOTONIC in ns, the clock of EventSource::retryAtNs.
-int64_t monotonicNs() {
-  timespec now{};
-  clock_gettime(CLOCK_MONOTONIC, &now);
-  return static_cast<int64_t>(now.tv_sec) * 1000000000 + now.tv_nsec;
-}
-}  // namespace
 
 void Worker::run() {
   auto lastWork = std::chrono::steady_clock::now();

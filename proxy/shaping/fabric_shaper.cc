@@ -12,6 +12,7 @@
 #include <functional>
 #include <mutex>
 
+#include "base/clock.h"
 #include "railnet/error.h"
 #include "railnet/log.h"
 #include "railnet/settings.h"

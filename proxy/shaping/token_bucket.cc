@@ -1,17 +1,10 @@
 #include "proxy/shaping/token_bucket.h"
 
-#include <time.h>
-
 #include <algorithm>
 #include <cmath>
 
 namespace railnet::shaping {
 
-int64_t monotonicNs() noexcept {
-  timespec now{};
-  clock_gettime(CLOCK_MONOTONIC, &now);
-  return static_cast<int64_t>(now.tv_sec) * 1000000000 + now.tv_nsec;
-}
 
 TokenBucket::TokenBucket(double bytesPerSecond, uint64_t burstBytes)
     : nsPerByte_(1e9 / bytesPerSecond),

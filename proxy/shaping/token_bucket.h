@@ -8,9 +8,6 @@
 
 namespace railnet::shaping {
 
-// CLOCK_MONOTONIC in ns: the buckets' clock, the same in every process of the host.
-int64_t monotonicNs() noexcept;
-
 class TokenBucket {
  public:
   // `bytesPerSecond` > 0; `burstBytes`: what may leave at once after an idle spell.

@@ -25,9 +25,13 @@ class StagingTelemetry {
   }
   // The time since the previous call while work was pending (the gap between two polls of the copy queue).
   void polled(bool workPending) {
+    if (!workPending) {  // idle comms (every host-memory poll of a GPU comm) read no clock
+      lastPoll_ = Clock::time_point{};
+      return;
+    }
     const Clock::time_point now = Clock::now();
-    if (workPending && lastPoll_ != Clock::time_point{}) add(kPollGap, now - lastPoll_);
-    lastPoll_ = workPending ? now : Clock::time_point{};
+    if (lastPoll_ != Clock::time_point{}) add(kPollGap, now - lastPoll_);
+    lastPoll_ = now;
   }
   void countPiece(uint64_t bytes) {
     ++pieces_;

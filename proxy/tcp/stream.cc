@@ -8,6 +8,7 @@
 #include <cstring>
 #include <functional>
 
+#include "base/clock.h"
 #include "railnet/error.h"
 #include "railnet/settings.h"
 
@@ -157,7 +158,7 @@ uint64_t Stream::progressSend() {
     uint64_t granted = 0;
     if (shaping_.active()) {
       // Fabric emulation: write only what the NIC's (and across rails the spine's) bucket grants now.
-      const int64_t now = shaping::monotonicNs();
+      const int64_t now = monotonicNs();
       int64_t wait = 0;
       if (now < shapedUntilNs_ || (granted = shaping_.take(budget, now, &wait)) == 0) {
         if (now >= shapedUntilNs_) shapedUntilNs_ = now + wait;

@@ -238,6 +238,23 @@ bool VerbsSendComm::postGroup(std::vector<HeldMember>& members) {
   return true;
 }
 
+bool VerbsSendComm::postMessage(VerbsSendRequest* request, const char* data, const LinkRegion* region, uint64_t size,
+                                const protocol::ClearToSendQueue::Destination& destination) {
+  // The fusion scheduler (proxy/stripe_plan.h) spreads the message over the paths; with one path it is one
+  // stripe, which the path's QPs split further.
+  protocol::Stripe stripes[protocol::kMaxStripeNics] = {};
+  const int count = protocol::planStripes(size, connection_.paths(), messages_++, minStripeBytes_, stripes);
+  if (size > 0 && size <= kEagerBytes && !freeEagerSlots_.empty()) {
+    return postEager(request, stripes[0].nic, data, region, size, destination);
+  }
+  for (int i = 0; i < count; ++i) {
+    if (!postStripes(request, stripes[i].nic, data, region, size, stripes[i].offset, stripes[i].bytes, destination)) {
+      return false;
+    }
+  }
+  return true;
+}
+
 void VerbsSendComm::flushHeld() {
   held_.flush([&](std::vector<HeldMember>& members) {
     if (!freeGroupNotices_.empty()) {
@@ -247,12 +264,7 @@ void VerbsSendComm::flushHeld() {
     // Every group notice still in flight: each member goes as it would have alone (pendingStripes_ is recounted).
     for (HeldMember& member : members) {
       member.request->pendingStripes_ = 0;
-      if (member.size > 0 && member.size <= kEagerBytes && !freeEagerSlots_.empty()) {
-        if (!postEager(member.request, 0, member.data, member.region, member.size, member.destination)) return;
-      } else if (!postStripes(member.request, 0, member.data, member.region, member.size, 0, member.size,
-                              member.destination)) {
-        return;
-      }
+      if (!postMessage(member.request, member.data, member.region, member.size, member.destination)) return;
     }
   });
 }
@@ -309,19 +321,7 @@ ncclResult_t VerbsSendComm::isend(void* data, size_t size, int tag, MemoryRegion
     *request = sendRequest;
     return control.failed() ? control.reportFailure() : ncclSuccess;
   }
-  // The fusion scheduler (proxy/stripe_plan.h) spreads the message over the paths; with one path it is one
-  // stripe, which the path's QPs split further.
-  protocol::Stripe stripes[protocol::kMaxStripeNics];
-  const int count = protocol::planStripes(size, connection_.paths(), messages_++, minStripeBytes_, stripes);
-  bool posted = true;
-  if (size > 0 && size <= kEagerBytes && !freeEagerSlots_.empty()) {
-    posted = postEager(sendRequest, stripes[0].nic, bytes, region, size, *found);
-  } else {
-    for (int i = 0; i < count && posted; ++i) {
-      posted = postStripes(sendRequest, stripes[i].nic, bytes, region, size, stripes[i].offset, stripes[i].bytes,
-                           *found);
-    }
-  }
+  const bool posted = postMessage(sendRequest, bytes, region, size, *found);
   if (!posted && sendRequest->pendingStripes_ > 0) {
     // Some stripes went out and will complete (or fail) on their own; the request stays with us until then.
     // NCCL sees the failure recorded on the connection now and on every later call.

@@ -50,6 +50,11 @@ class VerbsSendComm final : public SendComm {
   // QPs, each followed by its notice SEND.
   bool postStripes(VerbsSendRequest* request, int path, const char* data, const LinkRegion* region, uint64_t size,
                    uint64_t offset, uint64_t length, const protocol::ClearToSendQueue::Destination& destination);
+  // One message on its own: eager SEND when small and a header slot is free, else striped WRITEs with notices,
+  // over the paths the fusion scheduler picks. False once a post failed (recorded on the connection).
+  bool postMessage(VerbsSendRequest* request, const char* data, const LinkRegion* region, uint64_t size,
+                   const protocol::ClearToSendQueue::Destination& destination);
+
   // ---- multireceive aggregation (protocol/held_group.h); caller holds mutex_ ----
   struct HeldMember {
     VerbsSendRequest* request;
