@@ -83,8 +83,9 @@ void logStartup(int abiVersion, const Transport& chosen) {
     const DeviceInfo& info = chosen.device(dev);
     names += (dev > 0 ? ", " : "") + info.name + " (" + std::to_string(info.speedMbps / 1000) + " Gb/s)";
   }
-  RN_INFO(NCCL_INIT | NCCL_NET, "NET/railnet: railnet %s, net ABI v%d, %s transport, %d device(s): %s",
-          kVersion, abiVersion, chosen.name(), chosen.deviceCount(), names.c_str());
+  const std::string abi = abiVersion > 0 ? "net ABI v" + std::to_string(abiVersion) : std::string("GIN first");
+  RN_INFO(NCCL_INIT | NCCL_NET, "NET/railnet: railnet %s, %s, %s transport, %d device(s): %s", kVersion, abi.c_str(),
+          chosen.name(), chosen.deviceCount(), names.c_str());
 }
 
 // One WARN per bad RAILNET_* value, then init fails: a job must not run with settings the user did not choose
@@ -252,8 +253,13 @@ ncclResult_t init(int abiVersion, ncclDebugLogger_t logger, void** ctx, uint64_t
     std::lock_guard<std::mutex> lock(plugin.mutex);
     if (!plugin.transport) {
       // First, so a log of any failure below says which build it came from.
-      RN_INFO(NCCL_INIT | NCCL_NET, "NET/railnet: railnet %s (revision %s), net ABI v%d", kVersion, revision(),
-              abiVersion);
+      if (abiVersion > 0) {
+        RN_INFO(NCCL_INIT | NCCL_NET, "NET/railnet: railnet %s (revision %s), net ABI v%d", kVersion, revision(),
+                abiVersion);
+      } else {
+        RN_INFO(NCCL_INIT | NCCL_NET, "NET/railnet: railnet %s (revision %s), first initialised by its GIN table",
+                kVersion, revision());
+      }
       checkSettings();  // RAILNET_* are parsed once; a bad value fails init (and every retry of it)
       logSettingSources();
       std::unique_ptr<Transport> chosen = chooseTransport();
@@ -280,6 +286,8 @@ ncclResult_t finalize(void* ctx) {
     return ncclSuccess;
   });
 }
+
+Transport& sharedTransport() { return transport(); }
 
 bool deviceSummary(int* count, int* totalSpeedMbps) noexcept {
   PluginState& plugin = state();

@@ -41,6 +41,10 @@ ncclResult_t makeVDeviceFor(int* d, VProps* props) {
   return makeVDevice(d, props->ndevs, props->devs, kMax);
 }
 
+// The transport init chose, for the GIN/RMA tables of the same .so (plugin/gin_core.cc); throws railnet::Error
+// before the first init.
+Transport& sharedTransport();
+
 // Read-only, for the tuner in the same .so: how many devices the transport has and their summed speed.
 // false (and no log) before the first init.
 bool deviceSummary(int* count, int* totalSpeedMbps) noexcept;

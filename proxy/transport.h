@@ -173,6 +173,9 @@ class RecvComm : public Comm {
                              Request** request) noexcept = 0;
   virtual ncclResult_t iflush(int n, void** data, const int* sizes, MemoryRegion** mrs,
                               Request** request) noexcept = 0;
+  // Receives on this comm may be posted long before anything is sent (proxy/rma keeps receives for its control
+  // records posted while a GIN context idles): a receive with no byte in yet is then not reported as stalled.
+  virtual void expectIdleReceives() noexcept {}
 };
 
 class ListenComm : public AbiObject {

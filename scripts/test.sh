@@ -6,7 +6,7 @@
 #   scripts/test.sh --rxe           the verbs transport on real soft-RoCE: boots a qemu guest with two rxe
 #                                   devices (tests/rxe/) and runs the unit tests and the conformance harness
 #                                   there with RAILNET_TRANSPORT=verbs, using ./build (v12: every group,
-#                                   fusion over rxe0+rxe1 included; v8-v11: basic and grouped)
+#                                   fusion over rxe0+rxe1 included; v8-v11: basic and grouped; GIN put+signal)
 # Ends with one summary line "N passed, N failed".
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -42,13 +42,15 @@ case "${1:-}" in
       conformance="build/tests/conformance/railnet-conformance --plugin build/libnccl-net-railnet.so --max-size 64M"
       $conformance --version 12 --group basic,data,grouped,failure,lifecycle,verbs,fusion || status=1
       $conformance --version 8,9,10,11 --group basic,grouped || status=1
+      # GIN over verbs: put+signal on all three tables (the whole gin group takes ~10 minutes under TCG).
+      $conformance --group gin --filter put_signal || status=1
       exit $status' 2>&1 | tee "$log" || status=$?
     # Each harness run ends with its own "N passed, N failed" line: the stage reports their sum.
     passed=$(grep -E '^[0-9]+ passed, [0-9]+ failed$' "$log" | awk '{ s += $1 } END { print s + 0 }')
     failed=$(grep -E '^[0-9]+ passed, [0-9]+ failed$' "$log" | awk '{ s += $3 } END { print s + 0 }')
     runs=$(grep -cE '^[0-9]+ passed, [0-9]+ failed$' "$log" || true)
     rm -f "$log"
-    [ "$runs" -eq 2 ] || { [ "$status" -eq 0 ] && status=1; }
+    [ "$runs" -eq 3 ] || { [ "$status" -eq 0 ] && status=1; }
     [ "$status" -ne 0 ] && [ "${failed:-0}" -eq 0 ] && failed=1
     echo "rxe (verbs on soft-RoCE): ${passed:-0} passed, ${failed:-1} failed"
     exit "$status"

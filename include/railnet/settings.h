@@ -53,6 +53,9 @@ inline constexpr int64_t kSizeMax = INT64_MAX;
   X(Int, forward, "RAILNET_FORWARD", 1, (0, 1),                                                                 \
     "PXN-style routing on TCP: a connection to a peer NIC on another rail leaves from this host's NIC on that "  \
     "rail when there is one (docs/design.md, Routes); 0: always from the device NCCL chose.")                    \
+  X(Int, gin, "RAILNET_GIN", 1, (0, 1),                                                                          \
+    "1: the plugin exports NCCL's GIN proxy backend and RMA plugin (one-sided puts and signals for NCCL's "       \
+    "device API, over railnet's transport); 0: its GIN/RMA tables report no device, so NCCL has no GIN from it.") \
   X(Int, shapeNicMbps, "RAILNET_SHAPE_NIC_MBPS", 0, (0, kIntMax),                                                \
     "Test feature, fabric emulation (docs/fabric-shaping.md): every NIC of a host sends at most this many Mb/s "\
     "on TCP data streams; 0: unlimited.")                                                                       \

@@ -61,6 +61,14 @@ std::vector<std::string> NetPlugin::defaultCandidates() {
   };
 }
 
+const ncclGin_v11_t& NetPlugin::gin() const {
+  const auto* table = static_cast<const ncclGin_v11_t*>(library_->symbol("ncclGinPlugin_v11"));
+  if (table == nullptr) fail("%s exports no ncclGinPlugin_v11 (GIN)", path_.c_str());
+  return *table;
+}
+
+ncclResult_t NetPlugin::ginInit(void** ctx, uint64_t commId) const { return gin().init(ctx, commId, logToStderr); }
+
 void NetPlugin::setVerbose(bool verbose) noexcept { gVerbose.store(verbose, std::memory_order_relaxed); }
 
 NetPlugin::NetPlugin(const std::string& path) : path_(path) {

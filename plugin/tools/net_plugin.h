@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "plugin/tools/nccl_loader.h"
+#include "railnet/nccl/gin.h"
 #include "railnet/nccl/net.h"
 
 namespace railnet::bench {
@@ -68,6 +69,11 @@ class NetPlugin {
   ncclResult_t closeSend(void* sendComm) const;
   ncclResult_t closeRecv(void* recvComm) const;
   ncclResult_t closeListen(void* listenComm) const;
+
+  // The GIN table NCCL 2.28 uses (ncclGinPlugin_v11), as NCCL finds it: dlsym in the same library. Throws
+  // BenchError when the plugin does not export it. ginInit passes the bench's logger, as init does.
+  const ncclGin_v11_t& gin() const;
+  ncclResult_t ginInit(void** ctx, uint64_t commId) const;
 
  private:
   std::string path_;

@@ -52,6 +52,10 @@ constexpr const char* kUsage =
     "  --to DEVICE       railnet's sender connects from --device to a receiver listening on DEVICE (and back the\n"
     "                    reverse way): with two loopback rails (RAILNET_TCP_ADDRESSES), a cross-rail connection,\n"
     "                    e.g. for fabric shaping (docs/fabric-shaping.md)\n"
+    "  --gin             railnet's GIN backend (ncclGinPlugin_v11, NCCL's device API path, no NCCL): two ranks in\n"
+    "                    this process put the buffers with iput, the last of each stream with iputSignal, as NCCL's\n"
+    "                    GIN progress thread does; the baseline is the same device's isend/irecv. Ping-pong is a\n"
+    "                    put+signal round trip (signal words in host memory, polled). With --gpu, GPU windows\n"
     "  --version         print railnet's version and git revision\n"
     "  -v, --verbose     forward the plugin's INFO lines to stderr (WARN always goes there)\n"
     "Environment: RAILNET_IFNAME defaults to lo here; RAILNET_TCP_STREAMS sets the streams of railnet and of\n"
@@ -131,6 +135,7 @@ Options parseOptions(int argc, char** argv) {
     else if (arg == "--gpu") options.gpu = true;
     else if (arg == "--group") options.group = parseGroup(value());
     else if (arg == "--to") options.to = value();
+    else if (arg == "--gin") options.gin = true;
     else if (arg == "-v" || arg == "--verbose") options.verbose = true;
     else if (arg == "--version") {
       printf("railnet-bench %s (revision %s)\n", railnet::kVersion, railnet::revision());
@@ -151,6 +156,9 @@ Options parseOptions(int argc, char** argv) {
     options.bothWays = false;
     if (!options.oneWay) usageError("--group measures one way only: no --bidir");
     if (!maxSize) maxSize = 64 * KiB;
+  }
+  if (options.gin && (options.group > 1 || !options.againstRaw() || !options.to.empty())) {
+    usageError("--gin compares GIN puts with isend/irecv of the same device: no --group, --against or --to");
   }
   options.maxSize = maxSize.value_or(quick ? 64 * MiB : options.maxSize);
   options.step = step.value_or(quick ? 16 : options.step);

@@ -28,6 +28,7 @@ struct Options {
   bool gpu = false;             // --gpu: the buffers are GPU memory (device 0), the raw baseline is CE+TCP
   int group = 1;                // --group N: grouped receives of N buffers against N single receives
   std::string to;               // --to DEVICE: railnet connects from --device to DEVICE's listener
+  bool gin = false;             // --gin: railnet's GIN puts (iput/iputSignal) against its isend/irecv
   bool againstRaw() const { return against == "raw"; }
 };
 

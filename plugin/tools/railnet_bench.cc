@@ -19,6 +19,7 @@
 
 #include "plugin/tools/buffers.h"
 #include "plugin/tools/gpu_buffers.h"
+#include "plugin/tools/gin_peer.h"
 #include "plugin/tools/harness.h"
 #include "plugin/tools/net_plugin.h"
 #include "plugin/tools/options.h"
@@ -190,7 +191,8 @@ int run(const Options& options) {
   // Before anything that uses GPU memory, and released after it (declared first, destroyed last).
   if (options.gpu) guard.setPhase("opening the GPU");
   const std::unique_ptr<GpuDevice> gpu = options.gpu ? openGpu() : nullptr;
-  const BaselineKind baselineKind = !options.againstRaw() || options.group > 1 ? BaselineKind::kRailnetDevice
+  const BaselineKind baselineKind = !options.againstRaw() || options.group > 1 || options.gin
+                                        ? BaselineKind::kRailnetDevice
                                     : options.gpu         ? BaselineKind::kRawCopyEnginesTcp
                                                           : BaselineKind::kRawTcp;
   CsvFile csv(options.csv, baselineKind);
@@ -216,7 +218,11 @@ int run(const Options& options) {
   // device (e.g. one rail vs two fused).
   std::unique_ptr<Peer> baseline;
   size_t ceTcpPieceBytes = 0;
-  switch (options.group > 1 ? BaselineKind::kRailnetDevice : baselineKind) {
+  // --gin: the GIN puts are measured, railnet's own isend/irecv on the same device is the baseline.
+  std::unique_ptr<GinPeer> gin;
+  if (options.gin) {
+    gin = std::make_unique<GinPeer>(*net, railnet.deviceIndex(), options.window, buffers, guard, gpu.get());
+  } else switch (options.group > 1 ? BaselineKind::kRailnetDevice : baselineKind) {
     case BaselineKind::kRawTcp:
       baseline = std::make_unique<RawTcpPeer>(streams, options.window, buffers, guard);
       break;
@@ -244,9 +250,12 @@ int run(const Options& options) {
       }
       break;
   }
+  Peer& measured = gin ? static_cast<Peer&>(*gin) : railnet;
+  Peer& against = gin ? static_cast<Peer&>(railnet) : *baseline;
   RunDescription description{net->path(), net->symbol(), net->name(), railnet.deviceIndex(), railnet.device().name,
                              streams, options.window, options.seconds};
-  description.baseline = baseline->name();
+  description.baseline = gin ? railnet.device().name + "\" isend/irecv, vs \"" + railnet.device().name + "\" GIN puts"
+                             : against.name();
   description.baselineKind = baselineKind;
   description.oneWayTable = options.oneWay;
   description.everySize = options.group > 1;
@@ -254,7 +263,8 @@ int run(const Options& options) {
     description.gpu = "GPU 0" + (gpu->pciBusId().empty() ? std::string() : " (PCI " + gpu->pciBusId() + ")") +
                       (gpu->api().cuMemCreate != nullptr ? " as cuMem allocations (as NCCL allocates)"
                                                          : " from cuMemAlloc (the driver has no cuMem API)");
-    description.comparison = baselineKind == BaselineKind::kRawCopyEnginesTcp
+    description.comparison = gin ? "GPU memory: railnet GIN puts vs isend/irecv"
+                             : baselineKind == BaselineKind::kRawCopyEnginesTcp
                                  ? "GPU memory: railnet vs raw copy engines + TCP"
                                  : "GPU memory: railnet device \"" + railnet.device().name +
                                        "\" vs railnet device \"" + baseline->name() + "\"";
@@ -262,6 +272,14 @@ int run(const Options& options) {
     description.ceTcpPieceBytes = ceTcpPieceBytes;
   }
   printHeader(description);
+  if (gin) {
+    // NCCL's device-API signal (a put of 0 bytes) has no payload: the round trip that matters most for GIN.
+    std::vector<double> halfRttUs;
+    guard.setPhase("GIN: signal-only round trips");
+    gin->pingPong(0, 2000, &halfRttUs);
+    printf("GIN signal only (a 0-byte iputSignal each way, signal words in %s): round trip median %.1f us\n\n",
+           gpu ? "GPU memory, polled by copy" : "host memory", 2 * median(halfRttUs));
+  }
 
   // One table: for each size, railnet then the baseline, each measured by `measurePeer`; rows printed as they come.
   using MeasureFn = PeerResult (*)(Peer&, size_t, const Options&, BenchBuffers&, StallGuard&,
@@ -272,8 +290,8 @@ int run(const Options& options) {
     Progress progress;
     for (size_t i = 0; i < points.size(); ++i) {
       auto announce = [&](const std::string& what) { progress.show(i, points.size(), points[i], what); };
-      Row row{points[i], measurePeer(railnet, points[i], options, buffers, guard, announce),
-              measurePeer(*baseline, points[i], options, buffers, guard, announce)};
+      Row row{points[i], measurePeer(measured, points[i], options, buffers, guard, announce),
+              measurePeer(against, points[i], options, buffers, guard, announce)};
       progress.finish();
       print(row);
       csv.write(row, direction);
@@ -292,6 +310,7 @@ int run(const Options& options) {
     }
     printSummary(rows, bothWaysRows, description);
     baseline.reset();
+    gin.reset();
     railnet.shutdown();
   } catch (const std::exception& error) {
     die(error);

@@ -236,6 +236,11 @@ void TcpRecvComm::reportIfStalled(const RecvRequest* request) {
   if (!stallWatch_.due(request->serial)) return;
   std::string buffers;
   const uint8_t staged = request->stagedBuffers.load(std::memory_order_relaxed);
+  if (idleReceivesExpected_.load(std::memory_order_relaxed)) {
+    size_t received = 0;
+    for (int i = 0; i < request->count(); ++i) received += request->buffer(i).received.load(std::memory_order_relaxed);
+    if (received == 0) return;  // a receive kept posted for a sender that has nothing to say yet
+  }
   for (int i = 0; i < request->count(); ++i) {
     const protocol::ReceiveBuffer& buffer = request->buffer(i);
     buffers += " [" + std::to_string(i) + "] tag " + std::to_string(buffer.tag) + ((staged >> i & 1) != 0 ? " GPU" : " host") +

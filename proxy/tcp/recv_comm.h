@@ -40,6 +40,7 @@ class TcpRecvComm final : public RecvComm, private StreamOwner {
   ncclResult_t irecv(int n, void** data, const size_t* sizes, const int* tags, MemoryRegion** mrs,
                      Request** request) noexcept override;
   ncclResult_t iflush(int n, void** data, const int* sizes, MemoryRegion** mrs, Request** request) noexcept override;
+  void expectIdleReceives() noexcept override { idleReceivesExpected_.store(true, std::memory_order_relaxed); }
 
  private:
   friend class protocol::CommRequest<TcpRecvComm, RecvRequest>;
@@ -88,6 +89,7 @@ class TcpRecvComm final : public RecvComm, private StreamOwner {
   std::vector<uint64_t> finishedCopies_;                          // guarded
   uint64_t receives_ = 0;                                         // guarded: receives posted so far
   protocol::StallWatch stallWatch_;                               // guarded
+  std::atomic<bool> idleReceivesExpected_{false};                 // expectIdleReceives()
 };
 
 }  // namespace railnet::tcp

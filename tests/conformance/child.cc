@@ -13,6 +13,8 @@
 #include <cstring>
 
 #include "comms.h"
+#include "gin_api.h"
+#include "log_capture.h"
 #include "transfer.h"
 
 extern char** environ;
@@ -114,6 +116,110 @@ void runChild(const ChildOptions& o) {
   }
 }
 
+// ---- the GIN rank (--child-gin-rank) -----------------------------------------------------------------------
+
+struct GinChildOptions {
+  std::string rank0HandleHex;
+  std::string plugin;
+  std::string symbol;
+  uint64_t commId = 0;
+  size_t windowBytes = 1 << 20;
+  size_t checkBytes = 0;
+  bool echo = false;  // echo what the plugin logs to stderr (the parent runs --verbose)
+};
+
+GinChildOptions parseGinChild(int argc, char** argv) {
+  GinChildOptions o;
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    if (arg == "--echo") {
+      o.echo = true;
+      continue;
+    }
+    if (i + 1 >= argc) continue;
+    const std::string value = argv[++i];
+    if (arg == "--child-gin-rank")
+      o.rank0HandleHex = value;
+    else if (arg == "--plugin")
+      o.plugin = value;
+    else if (arg == "--gin-symbol")
+      o.symbol = value;
+    else if (arg == "--comm-id")
+      o.commId = std::strtoull(value.c_str(), nullptr, 10);
+    else if (arg == "--window")
+      o.windowBytes = std::strtoull(value.c_str(), nullptr, 10);
+    else if (arg == "--check")
+      o.checkBytes = std::strtoull(value.c_str(), nullptr, 10);
+  }
+  return o;
+}
+
+void printLine(const std::string& line) {
+  std::printf("%s\n", line.c_str());
+  std::fflush(stdout);
+}
+
+// Rank 1 of the parent's GIN communicator, set up as test_gin.cc's rank threads (and NCCL's ncclGinConnectOnce)
+// are; the parent is rank 0. Never torn down: it runs until SIGKILL.
+void runGinChild(const GinChildOptions& o) {
+  if (o.echo) setLogEcho(true);
+  GinLibrary library(o.plugin);
+  GinApi* api = nullptr;
+  for (GinApi* table : library.tables()) {
+    if (o.symbol == table->symbol()) api = table;
+  }
+  REQUIRE(api != nullptr, "child: the plugin does not export " + o.symbol);
+  REQUIRE(o.checkBytes <= o.windowBytes, "child: --check larger than --window");
+  void* ctxA = nullptr;  // NCCL's plugin init: connect's context
+  void* ctxB = nullptr;  // NCCL's GIN connect init: listen's context
+  REQUIRE_OK(api->init(&ctxA, o.commId));
+  REQUIRE_OK(api->init(&ctxB, o.commId));
+  int ndev = 0;
+  REQUIRE_OK(api->devices(&ndev));
+  REQUIRE(ndev > 0, "child: GIN devices() reports no device");
+  ConnHandle handles[2];
+  REQUIRE(fromHex(o.rank0HandleHex, handles[0].bytes, sizeof(handles[0].bytes)), "child: bad rank 0 handle");
+  void* listenComm = nullptr;
+  REQUIRE_OK(api->listen(ctxB, 0, handles[1].bytes, &listenComm));
+  printLine("HANDLE " + toHex(handles[1].bytes, sizeof(handles[1].bytes)));
+  void* pointers[2] = {handles[0].bytes, handles[1].bytes};
+  GinEndpoint ep;
+  REQUIRE_OK(api->connect(ctxA, pointers, 2, 1, listenComm, &ep.collComm));
+  REQUIRE_OK(api->closeListen(listenComm));
+  REQUIRE_OK(api->createContext(ep.collComm, 1, &ep.ginCtx));
+  HostBuffer data(o.windowBytes);
+  HostBuffer signals(8 * sizeof(uint64_t));
+  // Registered for the rest of the child's life: it is killed, never torn down.
+  void* dataMhandle = nullptr;
+  void* dataPutHandle = nullptr;
+  REQUIRE_OK(api->regMrSym(ep.collComm, data.data(), data.size(), NCCL_PTR_HOST, 0, &dataMhandle, &dataPutHandle));
+  void* signalMhandle = nullptr;
+  void* signalPutHandle = nullptr;
+  REQUIRE_OK(api->regMrSym(ep.collComm, signals.data(), signals.size(), NCCL_PTR_HOST, NCCL_NET_MR_FLAG_FORCE_SO,
+                           &signalMhandle, &signalPutHandle));
+  printLine("READY");
+  const auto* word0 = reinterpret_cast<const uint64_t*>(signals.data());
+  uint64_t seen = 0;
+  bool progressFailed = false;
+  Backoff backoff;
+  while (!forever().expired()) {
+    const ncclResult_t rc = api->progress(ep);
+    if (rc != ncclSuccess && !progressFailed) {
+      progressFailed = true;
+      printLine(std::string("PROGRESS FAILED ") + ncclResultName(rc));
+    }
+    const uint64_t value = __atomic_load_n(word0, __ATOMIC_ACQUIRE);
+    if (value != seen) {
+      seen = value;
+      const size_t bad = o.checkBytes ? findMismatch(data.data(), o.checkBytes, kChildSeed) : SIZE_MAX;
+      printLine(bad == SIZE_MAX ? strf("SIGNAL %llu OK", static_cast<unsigned long long>(value))
+                                : strf("SIGNAL %llu BAD at %zu", static_cast<unsigned long long>(value), bad));
+      backoff.progressed();
+    }
+    backoff.idle();
+  }
+}
+
 std::string selfPath() {
   char path[4096];
   const ssize_t n = readlink("/proc/self/exe", path, sizeof(path) - 1);
@@ -126,7 +232,10 @@ std::string selfPath() {
 
 bool isChildInvocation(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) {
-    if (std::strcmp(argv[i], "--child-sender") == 0 || std::strcmp(argv[i], "--child-receiver") == 0) return true;
+    if (std::strcmp(argv[i], "--child-sender") == 0 || std::strcmp(argv[i], "--child-receiver") == 0 ||
+        std::strcmp(argv[i], "--child-gin-rank") == 0) {
+      return true;
+    }
   }
   return false;
 }
@@ -134,8 +243,13 @@ bool isChildInvocation(int argc, char** argv) {
 int childMain(int argc, char** argv) {
   // Never outlive the harness, even if it dies without killing us.
   prctl(PR_SET_PDEATHSIG, SIGKILL);
+  bool gin = false;
+  for (int i = 1; i < argc; ++i) gin = gin || std::strcmp(argv[i], "--child-gin-rank") == 0;
   try {
-    runChild(parseChild(argc, argv));
+    if (gin)
+      runGinChild(parseGinChild(argc, argv));
+    else
+      runChild(parseChild(argc, argv));
   } catch (const std::exception& e) {
     std::fprintf(stderr, "conformance child: %s\n", e.what());
     return 1;
@@ -214,6 +328,18 @@ std::vector<std::string> childReceiverArgs(int version, int dev, size_t size, bo
 }
 
 uint64_t childPatternSeed() { return kChildSeed; }
+
+std::vector<std::string> childGinRankArgs(const std::string& symbol, const std::string& rank0HandleHex, uint64_t commId,
+                                          size_t windowBytes, size_t checkBytes) {
+  std::vector<std::string> args = {"--child-gin-rank", rank0HandleHex,
+                                   "--plugin",         options().plugin,
+                                   "--gin-symbol",     symbol,
+                                   "--comm-id",        std::to_string(commId),
+                                   "--window",         std::to_string(windowBytes),
+                                   "--check",          std::to_string(checkBytes)};
+  if (options().verbose) args.push_back("--echo");
+  return args;
+}
 
 Comm acceptFromChildSender(NetApi& net, void* ctx, int version, int dev, size_t size,
                            std::unique_ptr<ChildProcess>* child) {

@@ -1,5 +1,6 @@
-// Peer processes for the killed- and stopped-peer tests: the harness re-executes itself (/proc/self/exe) as a sender or a
-// receiver that moves data until the parent kills it with SIGKILL.
+// Peer processes for the killed- and stopped-peer tests: the harness re-executes itself (/proc/self/exe) as a sender or
+// a receiver that moves data, or as rank 1 of a GIN communicator that progresses, until the parent kills it with
+// SIGKILL.
 #pragma once
 
 #include <sys/types.h>
@@ -13,7 +14,7 @@
 
 namespace conformance {
 
-// True when argv asks for a child role (--child-sender HEX / --child-receiver).
+// True when argv asks for a child role (--child-sender HEX / --child-receiver / --child-gin-rank HEX).
 bool isChildInvocation(int argc, char** argv);
 // Runs the child role; returns the exit code (it normally runs until killed).
 int childMain(int argc, char** argv);
@@ -48,6 +49,18 @@ std::vector<std::string> childSenderArgs(const std::string& handleHex, int versi
 std::vector<std::string> childReceiverArgs(int version, int dev, size_t size, bool report = false);
 // The fillPattern seed of every child sender's messages.
 uint64_t childPatternSeed();
+
+// The arguments for a child that is rank 1 of a 2-rank GIN communicator whose rank 0 (the caller) listened with
+// `rank0HandleHex` on device 0. The child loads options().plugin, drives the table `symbol` (kGinSymbols) as
+// NCCL's GIN proxy does (two inits with `commId`, listen on the second, connect on the first), and prints:
+//   "HANDLE <hex>"  its own listen handle, before it calls the collective connect (which needs rank 0's too);
+//   "READY"         after connect, createContext (v13/v14: 1 context), and the collective regMrSym of a data
+//                   window of `windowBytes` host bytes and then a signal window of 8 words (FORCE_SO);
+//   "SIGNAL <v> OK" or "SIGNAL <v> BAD at <byte>"  whenever signal word 0 changes to v: whether the first
+//                   `checkBytes` of the data window hold the fillPattern of childPatternSeed().
+// Then it calls the progress function in a loop, as NCCL's GIN progress thread does, until it is killed.
+std::vector<std::string> childGinRankArgs(const std::string& symbol, const std::string& rank0HandleHex, uint64_t commId,
+                                          size_t windowBytes, size_t checkBytes);
 
 // The receive comm of a connection from a child sender of `size`-byte messages: listens on `dev`, starts the
 // child (*child) with the handle, accepts and closes the listener.
