@@ -54,6 +54,7 @@ std::vector<std::string> NetPlugin::defaultCandidates() {
   std::string installed = libdir.starts_with('/') ? libdir : dir + "/../" + libdir;
   return {
       dir + "/../" + kPluginFile,     // next to the executable's directory
+      dir + "/../lib/" + kPluginFile,  // the release tarball (scripts/package.sh): bin/ and lib/
       dir + "/" + kPluginFile,        // next to the executable
       dir + "/../../" + kPluginFile,  // Meson build tree: <build>/plugin/tools/railnet-bench
       installed + "/" + kPluginFile,  // installed: <prefix>/bin and <prefix>/<libdir>

@@ -31,6 +31,7 @@ constexpr const char* kUsage =
     "  --window W        messages in flight per connection, 1..32 (default 8, like NCCL_STEPS)\n"
     "  --timeout S       report a stall after S seconds without progress (default 30)\n"
     "  --csv FILE        also write the rows as CSV\n"
+    "  --json FILE       also write the run and its rows as JSON Lines (one object per line, keys as the CSV's)\n"
     "  --quick           fewer, smaller points (CI)\n"
     "  --device NAME     railnet device to measure (default: \"lo\", else device 0); \"A+B\" fuses the named\n"
     "                    devices through makeVDevice, e.g. lo@127.0.1.1+lo@127.0.2.1 with RAILNET_TCP_ADDRESSES\n"
@@ -127,6 +128,7 @@ Options parseOptions(int argc, char** argv) {
     else if (arg == "--timeout") options.timeout = parseSeconds(value());
     else if (arg == "--window") options.window = parseWindow(value());
     else if (arg == "--csv") options.csv = value();
+    else if (arg == "--json") options.json = value();
     else if (arg == "--quick") quick = true;
     else if (arg == "--device") options.device = value();
     else if (arg == "--against") options.against = value();

@@ -20,6 +20,7 @@ struct Options {
   double timeout = 30;   // stall limit
   int window = 8;
   std::string csv;
+  std::string json;  // --json FILE: the rows as JSON Lines
   bool verbose = false;
   std::string device;           // --device: empty = the default loopback device ("lo", else device 0)
   std::string against = "raw";  // --against: "raw" (raw TCP) or a railnet device name (a+b fuses)

@@ -195,7 +195,8 @@ int run(const Options& options) {
                                         ? BaselineKind::kRailnetDevice
                                     : options.gpu         ? BaselineKind::kRawCopyEnginesTcp
                                                           : BaselineKind::kRawTcp;
-  CsvFile csv(options.csv, baselineKind);
+  RowFile csv(options.csv, RowFile::Format::kCsv, baselineKind);
+  RowFile json(options.json, RowFile::Format::kJsonLines, baselineKind);
   guard.setPhase("loading the plugin");
   std::unique_ptr<NetPlugin> net = openPlugin(options);
   guard.setPhase("allocating buffers");
@@ -272,6 +273,7 @@ int run(const Options& options) {
     description.ceTcpPieceBytes = ceTcpPieceBytes;
   }
   printHeader(description);
+  json.describe(description);
   if (gin) {
     // NCCL's device-API signal (a put of 0 bytes) has no payload: the round trip that matters most for GIN.
     std::vector<double> halfRttUs;
@@ -295,6 +297,7 @@ int run(const Options& options) {
       progress.finish();
       print(row);
       csv.write(row, direction);
+      json.write(row, direction);
       rows.push_back(row);
     }
     return rows;

@@ -3,7 +3,9 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cmath>
 #include <cstring>
+#include <iterator>
 
 #include "plugin/tools/harness.h"
 
@@ -149,34 +151,83 @@ void printSummary(const std::vector<Row>& oneWay, const std::vector<Row>& bothWa
   fflush(stdout);
 }
 
-CsvFile::CsvFile(const std::string& path, BaselineKind baseline) {
+namespace {
+
+// The columns after "direction": the raw-TCP names (raw_tcp_gbps, raw_lat_us) kept as they were; raw CE+TCP's
+// are raw_ce_tcp_*, another railnet device's baseline_*.
+std::vector<std::string> columnNames(BaselineKind baseline) {
+  const char* base = baseline == BaselineKind::kRawTcp              ? "raw_tcp"
+                     : baseline == BaselineKind::kRawCopyEnginesTcp ? "raw_ce_tcp"
+                                                                    : "baseline";
+  const std::string latency = baseline == BaselineKind::kRawTcp ? "raw" : base;
+  return {"size_bytes",        "railnet_gbps",          std::string(base) + "_gbps",
+          "bw_ratio",          "railnet_lat_us",        latency + "_lat_us",
+          "lat_ratio",         "railnet_cpu_s_per_gb",  std::string(base) + "_cpu_s_per_gb"};
+}
+
+// JSON has no NaN or infinity: a value that is not finite (an unmeasured latency) is null.
+std::string jsonNumber(double value, const char* format) {
+  return std::isfinite(value) ? railnet::bench::format(format, value) : "null";
+}
+
+// A JSON string literal of `text` (the run's paths and names: quotes, backslashes and control bytes escaped).
+std::string jsonString(const std::string& text) {
+  std::string out = "\"";
+  for (const char c : text) {
+    if (c == '"' || c == '\\') {
+      out += '\\';
+      out += c;
+    } else if (static_cast<unsigned char>(c) < 0x20) {
+      out += railnet::bench::format("\\u%04x", static_cast<unsigned>(c));
+    } else {
+      out += c;
+    }
+  }
+  return out + "\"";
+}
+
+}  // namespace
+
+RowFile::RowFile(const std::string& path, Format format, BaselineKind baseline)
+    : format_(format), columns_(columnNames(baseline)) {
   if (path.empty()) return;
   file_.reset(fopen(path.c_str(), "w"));
   if (!file_) fail("cannot write %s: %s", path.c_str(), strerror(errno));
-  const char* header = nullptr;
-  switch (baseline) {
-    case BaselineKind::kRawTcp:
-      header = "direction,size_bytes,railnet_gbps,raw_tcp_gbps,bw_ratio,railnet_lat_us,raw_lat_us,lat_ratio,"
-               "railnet_cpu_s_per_gb,raw_cpu_s_per_gb\n";
-      break;
-    case BaselineKind::kRawCopyEnginesTcp:
-      header = "direction,size_bytes,railnet_gbps,raw_ce_tcp_gbps,bw_ratio,railnet_lat_us,raw_ce_tcp_lat_us,lat_ratio,"
-               "railnet_cpu_s_per_gb,raw_ce_tcp_cpu_s_per_gb\n";
-      break;
-    case BaselineKind::kRailnetDevice:
-      header = "direction,size_bytes,railnet_gbps,baseline_gbps,bw_ratio,railnet_lat_us,baseline_lat_us,lat_ratio,"
-               "railnet_cpu_s_per_gb,baseline_cpu_s_per_gb\n";
-      break;
+  if (format_ == Format::kCsv) {
+    std::string header = "direction";
+    for (const std::string& column : columns_) header += "," + column;
+    fprintf(file_.get(), "%s\n", header.c_str());
+    fflush(file_.get());
   }
-  fputs(header, file_.get());
+}
+
+void RowFile::describe(const RunDescription& run) {
+  if (!file_ || format_ != Format::kJsonLines) return;
+  fprintf(file_.get(),
+          "{\"run\": {\"plugin\": %s, \"symbol\": %s, \"device\": %s, \"baseline\": %s, \"streams\": %d, "
+          "\"window\": %d, \"seconds_per_point\": %g, \"gpu\": %s, \"comparison\": %s}}\n",
+          jsonString(run.pluginPath).c_str(), jsonString(run.pluginSymbol).c_str(), jsonString(run.deviceName).c_str(),
+          jsonString(run.baseline).c_str(), run.streams, run.window, run.seconds, jsonString(run.gpu).c_str(),
+          jsonString(run.comparison).c_str());
   fflush(file_.get());
 }
 
-void CsvFile::write(const Row& row, const char* direction) {
+void RowFile::write(const Row& row, const char* direction) {
   if (!file_) return;
-  fprintf(file_.get(), "%s,%zu,%.6g,%.6g,%.4f,%.3f,%.3f,%.4f,%.4f,%.4f\n", direction, row.size, row.railnet.gbps,
-          row.raw.gbps, bwRatio(row), row.railnet.latencyUs, row.raw.latencyUs, latRatio(row), row.railnet.cpuPerGB,
-          row.raw.cpuPerGB);
+  const double values[] = {row.railnet.gbps, row.raw.gbps,        bwRatio(row),         row.railnet.latencyUs,
+                           row.raw.latencyUs, latRatio(row),       row.railnet.cpuPerGB, row.raw.cpuPerGB};
+  const char* formats[] = {"%.6g", "%.6g", "%.4f", "%.3f", "%.3f", "%.4f", "%.4f", "%.4f"};
+  if (format_ == Format::kCsv) {
+    std::string line = format("%s,%zu", direction, row.size);
+    for (size_t i = 0; i < std::size(values); ++i) line += "," + format(formats[i], values[i]);
+    fprintf(file_.get(), "%s\n", line.c_str());
+  } else {
+    std::string line = format("{\"direction\": \"%s\", \"%s\": %zu", direction, columns_[0].c_str(), row.size);
+    for (size_t i = 0; i < std::size(values); ++i) {
+      line += ", \"" + columns_[i + 1] + "\": " + jsonNumber(values[i], formats[i]);
+    }
+    fprintf(file_.get(), "%s}\n", line.c_str());
+  }
   fflush(file_.get());
 }
 

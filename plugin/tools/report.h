@@ -76,11 +76,15 @@ void printBothWaysRow(const Row& row);
 void printSummary(const std::vector<Row>& oneWay, const std::vector<Row>& bothWays, const RunDescription& run);
 
 // Rows as CSV, flushed one by one so an interrupted run keeps what it measured. Inactive without a path.
-class CsvFile {
+// The rows of a run in a file, as they come: CSV (a header line, then one line per row) or JSON Lines (a "run"
+// object describing the run, then one object per row, keyed like the CSV columns; an unmeasured value is null).
+// An empty path writes nothing.
+class RowFile {
  public:
-  // The raw-TCP columns keep their names (raw_tcp_gbps, raw_lat_us); raw CE+TCP's are raw_ce_tcp_*, another
-  // railnet device's baseline_*.
-  CsvFile(const std::string& path, BaselineKind baseline);
+  enum class Format { kCsv, kJsonLines };
+  RowFile(const std::string& path, Format format, BaselineKind baseline);
+  // JSON Lines: the run's description, once, before the rows (CSV: nothing).
+  void describe(const RunDescription& run);
   // `direction`: "one-way" or "both-ways" (its rows have no latency).
   void write(const Row& row, const char* direction);
 
@@ -88,6 +92,8 @@ class CsvFile {
   struct Closer {
     void operator()(FILE* file) const { fclose(file); }
   };
+  Format format_;
+  std::vector<std::string> columns_;
   std::unique_ptr<FILE, Closer> file_;
 };
 
