@@ -45,6 +45,7 @@ constexpr int CU_DEVICE_ATTRIBUTE_PCI_DEVICE_ID = 34;
 constexpr int CU_DEVICE_ATTRIBUTE_PCI_DOMAIN_ID = 50;
 constexpr int CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_SUPPORTED = 116;
 constexpr int CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED = 124;
+constexpr int CU_DEVICE_ATTRIBUTE_MPS_ENABLED = 133;  // contexts on this device are shared through MPS
 
 // CUpointer_attribute
 constexpr int CU_POINTER_ATTRIBUTE_CONTEXT = 1;

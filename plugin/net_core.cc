@@ -343,8 +343,23 @@ ncclResult_t accept(void* listenComm, void** recvComm, ncclNetDeviceHandle_v8_t*
   });
 }
 
+// NCCL registers only memory types a device offered; anything else is a caller's mistake (or a test's), refused
+// before the transport, which itself may take more (GPU memory for GIN windows on TCP, D70).
+namespace {
+void requireOffered(const char* call, int type) {
+  if (type == NCCL_PTR_HOST) return;
+  Transport& chosen = transport();
+  for (int dev = 0; dev < chosen.deviceCount(); ++dev) {
+    if ((chosen.device(dev).ptrSupport & type) != 0) return;
+  }
+  fail(ncclInvalidArgument, "NET/railnet: %s of memory type %d, which no device offered (GPU memory on TCP needs "
+       "RAILNET_TCP_GPU=1)", call, type);
+}
+}  // namespace
+
 ncclResult_t regMr(void* comm, void* data, size_t size, int type, void** mhandle) {
   return guarded("regMr", [&] {
+    requireOffered("regMr", type);
     *mhandle = static_cast<AbiObject*>(anyCommOf("regMr", comm)->regMr(data, size, type).release());
     return ncclSuccess;
   });
@@ -352,6 +367,7 @@ ncclResult_t regMr(void* comm, void* data, size_t size, int type, void** mhandle
 
 ncclResult_t regMrDmaBuf(void* comm, void* data, size_t size, int type, uint64_t offset, int fd, void** mhandle) {
   return guarded("regMrDmaBuf", [&] {
+    requireOffered("regMrDmaBuf", type);
     *mhandle =
         static_cast<AbiObject*>(anyCommOf("regMrDmaBuf", comm)->regMrDmaBuf(data, size, type, offset, fd).release());
     return ncclSuccess;

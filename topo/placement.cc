@@ -66,6 +66,17 @@ std::string writeTopologyFile(const std::string& xml) {
 
 }  // namespace
 
+std::vector<int> virtualNicAnchors(const Topology& topology) {
+  std::vector<int> visible;
+  for (const Gpu& gpu : topology.gpus) {
+    if (gpu.cudaIndex >= 0) visible.push_back(gpu.index);
+  }
+  if (visible.size() >= 2) return visible;
+  std::vector<int> all;
+  for (const Gpu& gpu : topology.gpus) all.push_back(gpu.index);
+  return all;
+}
+
 std::string baseDeviceName(std::string_view name) {
   size_t at = name.find('@');
   if (at != std::string_view::npos) name = name.substr(0, at);
@@ -102,6 +113,7 @@ Placement planPlacement(const Topology& topology, const RailPlan& plan, const st
     }
   }
 
+  const std::vector<int> anchors = virtualNicAnchors(topology);
   int order = 0;
   for (NetDevice& device : placement.devices) {
     const bool virtualDevice = device.nic < 0 && device.pciPath.empty();
@@ -119,7 +131,7 @@ Placement planPlacement(const Topology& topology, const RailPlan& plan, const st
     if (virtualDevice) ++order;
     device.railId = static_cast<int16_t>(rail);
     if (virtualDevice && rail >= 0 && !topology.gpus.empty()) {
-      placement.virtualNics.push_back({device.name, rail, rail % static_cast<int>(topology.gpus.size())});
+      placement.virtualNics.push_back({device.name, rail, anchors[static_cast<size_t>(rail) % anchors.size()]});
     }
   }
   if (!placement.virtualNics.empty()) placement.ncclXml = ncclTopologyXml(topology, placement.virtualNics);

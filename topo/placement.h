@@ -30,6 +30,12 @@ struct Placement {
 // The name a device is matched to NICs by: "mlx5_0:1" -> "mlx5_0", "lo@127.0.1.1" -> "lo".
 std::string baseDeviceName(std::string_view name);
 
+// The GPUs that virtual NICs (devices without a PCI function) are placed beside, as Topology::gpus indices in
+// bus order: rail r sits next to anchors[r % size]. When this process sees two or more GPUs but not all (a job
+// or fake node given a block of the node's GPUs by CUDA_VISIBLE_DEVICES), only those; otherwise every GPU, so
+// ranks that each see one GPU still agree on the node's layout.
+std::vector<int> virtualNicAnchors(const Topology& topology);
+
 // Pure planning, no files and no environment. Rails, first rule that applies:
 //  1. railSpec (RAILNET_RAILS) names the device (full name, or base name for devices without '@');
 //  2. a non-empty railSpec names nothing else: the device gets no rail;

@@ -74,14 +74,20 @@ inline constexpr int64_t kSizeMax = INT64_MAX;
     "SO_SNDBUF/SO_RCVBUF for data streams; 0 keeps the kernel's auto-tuning.")                                   \
   X(Int, tcpNotSentLowat, "RAILNET_TCP_NOTSENT_LOWAT", 0, (0, kIntMax),                                          \
     "TCP_NOTSENT_LOWAT for data streams in bytes; 0 leaves it unset.")                                           \
-  X(Int, tcpGpu, "RAILNET_TCP_GPU", 1, (0, 1),                                                                  \
-    "1: the TCP transport takes GPU memory (NCCL_PTR_CUDA) and moves it through pinned host staging with the "  \
-    "copy engines when libcuda is usable; 0: host memory only, NCCL stages through host memory itself.")        \
+  X(Int, tcpGpu, "RAILNET_TCP_GPU", 0, (0, 1),                                                                  \
+    "1: the TCP transport offers NCCL GPU memory (NCCL_PTR_CUDA) and moves it through pinned host staging with " \
+    "the copy engines when libcuda is usable; 0: host memory only, NCCL stages through host memory itself "     \
+    "(measured faster through NCCL: docs/performance.md section 11). GIN windows in GPU memory work either way.") \
   X(Int, tcpStagingPieceBytes, "RAILNET_TCP_STAGING_PIECE_BYTES", 1048576, (65536, 67108864),                  \
     "GPU messages move in pieces of this size (rounded down to a power of two), one copy and one staging slot " \
     "each; both ends of a connection must use the same value.")                                                 \
   X(Int, tcpStagingSlots, "RAILNET_TCP_STAGING_SLOTS", 8, (2, 256),                                              \
     "Pinned staging slots of one piece each, per comm that moves GPU memory (rounded down to a power of two).") \
+  X(Int, tcpOwnCopyContext, "RAILNET_TCP_OWN_COPY_CONTEXT", 1, (0, 1),                                        \
+    "1: staging copies run in a CUDA context of railnet's own per GPU: never queued behind the NCCL kernel that " \
+    "waits for them (D64), but one under 32 KiB into GPU memory waits for a GPU time slice while a kernel of "  \
+    "another context runs (D70); 0: in the context of the comm's memory: no such wait, but a copy may queue "  \
+    "behind that kernel for ever when the application uses many CUDA streams.")                                \
   X(Int, peerTimeoutMs, "RAILNET_PEER_TIMEOUT_MS", 30000, (0, kIntMax),                                          \
     "A peer host that answers nothing, not even TCP keepalive probes, for about this long fails its "           \
     "connections. A live peer process never trips it, however long it is stopped or slow: its kernel answers "  \

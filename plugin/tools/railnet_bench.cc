@@ -182,6 +182,8 @@ std::unique_ptr<GpuDevice> openGpu() {
 int run(const Options& options) {
   // Loopback benchmark; a user's own RAILNET_IFNAME wins. Set before the plugin reads its settings.
   setenv("RAILNET_IFNAME", "lo", 0);
+  // --gpu measures the TCP transport's GPU staging, which is offered only on request (D70); a user's 0 wins.
+  if (options.gpu) setenv("RAILNET_TCP_GPU", "1", 0);
   NetPlugin::setVerbose(options.verbose);
   // The same validated value the plugin uses (1..64); a bad one fails the plugin's init.
   const int streams = static_cast<int>(railnet::settings().tcpStreams);

@@ -2,10 +2,12 @@
 
 #include <atomic>
 #include <cstring>
+#include <mutex>
 
 #include "proxy/staging/copy_queue.h"
 #include "proxy/staging/pinned_memory.h"
 #include "railnet/error.h"
+#include "railnet/log.h"
 
 namespace railnet::rma {
 
@@ -22,6 +24,29 @@ struct TargetWriter::DeviceLane {
 
 TargetWriter::TargetWriter() = default;
 TargetWriter::~TargetWriter() = default;
+
+namespace {
+
+// Measured on H100/H200 (scripts/gpu/timeslice-probe.py, docs/performance.md §11, D70): a copy into GPU memory of
+// less than 32 KiB issued from a second context waits for a GPU time slice (~2.4 ms) while a kernel of another
+// context runs, as the kernel waiting for a GIN signal does. Under MPS the contexts share the GPU and it does not.
+void warnIfCopiesWaitForTimeSlices(const cuda::DriverApi& cuda, int device, bool ownContext) {
+  static std::once_flag once;
+  if (!ownContext) return;
+  cuda::CUdevice handle = 0;
+  int mps = 0;
+  if (cuda.cuDeviceGet(&handle, device) != cuda::CUDA_SUCCESS ||
+      cuda.cuDeviceGetAttribute(&mps, cuda::CU_DEVICE_ATTRIBUTE_MPS_ENABLED, handle) != cuda::CUDA_SUCCESS || mps != 0) {
+    return;
+  }
+  std::call_once(once, [device] {
+    RN_WARN("NET/railnet: GIN: signals and puts under 32 KiB into GPU %d's memory wait for a GPU time slice (about "
+            "2.4 ms on H200) while the application's kernel runs, because MPS is not running; start "
+            "nvidia-cuda-mps-control -d for round trips near 60 us (docs/performance.md section 11)", device);
+  });
+}
+
+}  // namespace
 
 int TargetWriter::prepareDevice(const void* window) {
   std::string why;
@@ -43,6 +68,7 @@ int TargetWriter::prepareDevice(const void* window) {
     lane->bufferContext = std::move(bufferContext);
     context = lane->bufferContext->context();
   }
+  warnIfCopiesWaitForTimeSlices(*cuda, device, context != nullptr && lane->copyContext != nullptr);
   lane->queue = std::make_unique<staging::CopyQueue>(*cuda, context, 2);
   lane->staging = std::make_unique<staging::PinnedMemory>(*cuda, 2 * sizeof(uint64_t) + kInlinePutBytes, -1);
   lanes_[device] = std::move(lane);

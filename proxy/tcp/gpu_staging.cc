@@ -9,7 +9,6 @@ namespace railnet::tcp {
 
 bool tcpGpuUsable(std::string* why) {
   static const std::string reason = [] {
-    if (settings().tcpGpu == 0) return std::string("RAILNET_TCP_GPU=0");
     std::string cudaWhy;
     const cuda::DriverApi* api = cuda::initDriver(&cudaWhy);
     if (api == nullptr) return cudaWhy;
@@ -73,7 +72,12 @@ void CommStaging::prepare(void* gpuMemory) {
   // Copies run in railnet's own context on this GPU (copy_queue.h, CopyContext says why), unless it cannot read
   // the comm's memory; then in the memory's context, with the hazard named in the log.
   std::string why;
-  std::shared_ptr<staging::CopyContext> copyContext = staging::CopyContext::forDevice(cuda, context->device(), &why);
+  std::shared_ptr<staging::CopyContext> copyContext;
+  if (settings().tcpOwnCopyContext != 0) {
+    copyContext = staging::CopyContext::forDevice(cuda, context->device(), &why);
+  } else {
+    why = "RAILNET_TCP_OWN_COPY_CONTEXT=0";
+  }
   if (copyContext != nullptr && !copyContext->canRead(gpuMemory)) {
     why = "it cannot read this memory (not a cuMem allocation)";
     copyContext.reset();

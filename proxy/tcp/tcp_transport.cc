@@ -47,8 +47,12 @@ class TcpTransport final : public Transport {
       fail(ncclSystemError, "NET/railnet: no usable network interface (RAILNET_IFNAME=\"%s\")", config.ifname.c_str());
     }
     // GPU memory goes through copy-engine staging (proxy/tcp/gpu_staging.h), on every interface alike.
+    // GPU memory is offered to NCCL only on request: through NCCL its staging copies cost more than NCCL's own
+    // host path (docs/decisions.md D70). The capability stays for GIN windows, which NCCL never stages.
     std::string gpuWhy;
-    const int ptrSupport = NCCL_PTR_HOST | (tcpGpuUsable(&gpuWhy) ? NCCL_PTR_CUDA : 0);
+    const bool offerGpu = config.tcpGpu != 0 && tcpGpuUsable(&gpuWhy);
+    if (config.tcpGpu == 0) gpuWhy = "RAILNET_TCP_GPU=0";
+    const int ptrSupport = NCCL_PTR_HOST | (offerGpu ? NCCL_PTR_CUDA : 0);
     RN_INFO(NCCL_INIT | NCCL_NET, "NET/railnet: TCP transport takes %s%s%s", ptrSupport & NCCL_PTR_CUDA
             ? "host and GPU memory (GPU through copy-engine staging)" : "host memory only", gpuWhy.empty() ? "" : ": ",
             gpuWhy.c_str());

@@ -1,5 +1,8 @@
 #!/usr/bin/env python3
-"""Turns bench-vs-socket.sh's CSVs into railnet/Socket ratio tables (markdown) and the CPU cost line."""
+"""Turns bench-vs-socket.sh's CSVs into railnet/Socket ratio tables (markdown) and the CPU cost line. Each table
+compares railnet with the best of the Socket configurations that ran (socket, socket4x4, socket4x4ch8) at each
+size; railnet-notuner (NCCL_TUNER_PLUGIN=none) and railnet-gpu (RAILNET_TCP_GPU=1) columns appear when those
+runs exist."""
 import csv
 import glob
 import math
@@ -7,7 +10,10 @@ import os
 import re
 import sys
 
-COLLECTIVES = ["all_reduce", "alltoall", "sendrecv"]
+COLLECTIVES = ["all_reduce", "alltoall", "sendrecv", "all_gather", "reduce_scatter"]
+SOCKETS = ["socket", "socket4x4", "socket4x4ch8"]
+EXTRA = ["railnet-notuner", "railnet-gpu"]
+LABELS = {"socket": "Socket", "socket4x4": "Socket 4x4", "socket4x4ch8": "Socket 4x4 ch8"}
 
 
 def load(path):
@@ -42,22 +48,33 @@ def main():
     with open(os.path.join(out, "machine.txt")) as machine:
         print(machine.read().strip().lstrip("# "))
     for coll in COLLECTIVES:
-        data = {t: load(os.path.join(out, f"{coll}-{t}.csv")) for t in ("railnet", "socket", "socket4x4")}
+        present = [t for t in ["railnet"] + EXTRA + SOCKETS
+                   if os.path.exists(os.path.join(out, f"{coll}-{t}.csv"))]
+        sockets = [t for t in SOCKETS if t in present]
+        if "railnet" not in present or not sockets:
+            continue
+        data = {t: load(os.path.join(out, f"{coll}-{t}.csv")) for t in present}
+        extra = [t for t in EXTRA if t in present]
         print(f"\n### {coll} (busbw GB/s; time us for small sizes)\n")
-        print("| size | railnet busbw | Socket busbw | Socket 4x4 busbw | railnet / best Socket | "
-              "railnet us | best Socket us | time ratio |")
-        print("|---|---|---|---|---|---|---|---|")
+        head = ["size", "railnet busbw"] + [{"railnet-notuner": "railnet tuner off",
+                                               "railnet-gpu": "railnet GPU staging"}[t] for t in extra]
+        head += [f"{LABELS[t]} busbw" for t in sockets]
+        head += ["railnet / best Socket", "railnet us", "best Socket us", "time ratio"]
+        print("| " + " | ".join(head) + " |")
+        print("|" + "---|" * len(head))
         for size in sorted(data["railnet"]):
-            rows = [data[t].get(size) for t in ("railnet", "socket", "socket4x4")]
-            if any(row is None for row in rows):
+            rows = {t: data[t].get(size) for t in present}
+            if any(row is None for row in rows.values()):
                 continue
-            bw = [float(row["busbw"]) for row in rows]
-            us = [float(row["time_us"]) for row in rows]
-            best_bw = max(bw[1], bw[2])
-            best_us = min(us[1], us[2])
-            ratio = bw[0] / best_bw if best_bw > 0 else math.nan
-            print(f"| {human(size)} | {bw[0]:.2f} | {bw[1]:.2f} | {bw[2]:.2f} | {ratio:.2f} | "
-                  f"{us[0]:.1f} | {best_us:.1f} | {us[0] / best_us:.2f} |")
+            bw = {t: float(row["busbw"]) for t, row in rows.items()}
+            us = {t: float(row["time_us"]) for t, row in rows.items()}
+            best_bw = max(bw[t] for t in sockets)
+            best_us = min(us[t] for t in sockets)
+            ratio = bw["railnet"] / best_bw if best_bw > 0 else math.nan
+            cells = [human(size), f"{bw['railnet']:.2f}"] + [f"{bw[t]:.2f}" for t in extra]
+            cells += [f"{bw[t]:.2f}" for t in sockets]
+            cells += [f"{ratio:.2f}", f"{us['railnet']:.1f}", f"{best_us:.1f}", f"{us['railnet'] / best_us:.2f}"]
+            print("| " + " | ".join(cells) + " |")
         cost = cpu_per_gb(os.path.join(out, f"{coll}-railnet"))
         if cost:
             print(f"\nrailnet helper-thread CPU: {cost[0]:.3f} s per GB moved ({cost[1]:.1f} GB, {cost[2]:.1f} s)")

@@ -10,8 +10,8 @@
 #               crossNic 0 at PHB, so a GPU also uses the other GPU's NIC; see the doc).
 #   alternating ring collectives with the alternating ring (NCCL_GRAPH_FILE per node parity, rail_graph.py):
 #               every rank's bytes on its own rail's NIC and no cross-rail connection.
-#   p2p         alltoall and sendrecv: every rank's bytes on its own rail's NIC; cross-rail connections are
-#               counted and reported (removing them needs PXN, which NCCL only enables with GPUDirect).
+#   p2p         alltoall and sendrecv: no connection crosses rails (railnet routes each to the peer's rail); bytes
+#               on another rail's NIC must come from connections routed there.
 set -euo pipefail
 PLUGIN=$(realpath "$1"); TESTS=$(realpath "$2"); OUT=$(realpath -m "$3")
 PLUGIN_DIR=$(dirname "$PLUGIN")
@@ -23,9 +23,13 @@ summary="$OUT/rail-summary.txt"
 : > "$summary"
 failures=0
 python3 "$here/rail_graph.py" --gpus 2 --parity even -o "$OUT/rail-graph-even.xml"
-python3 "$here/rail_graph.py" --gpus 2 --parity odd -o "$OUT/rail-graph-odd.xml"
+# With a GPU per rank, fake node 1 holds the machine's GPUs 2 and 3 (env.sh), which NCCL's graph files name by NVML
+# index; with two GPUs both nodes share GPUs 0 and 1.
+odd_first=0; [ "$GPUS" -ge 4 ] && odd_first=2
+python3 "$here/rail_graph.py" --gpus 2 --parity odd --first-gpu "$odd_first" -o "$OUT/rail-graph-odd.xml"
 
-# check PHASE NAME JUDGE ENV... -- BINARY: one nccl-tests run over the two rails; JUDGE is strict, local or none.
+# check PHASE NAME JUDGE ENV... -- BINARY: one nccl-tests run over the two rails; JUDGE is strict, local, routed or
+# none.
 check() {
   local phase=$1 coll=$2 judge=$3; shift 3
   local dir="$OUT/$phase/$coll"; mkdir -p "$dir"
@@ -44,6 +48,7 @@ check() {
   rows=$(python3 "$here/nccl_tests_log.py" rows "$dir/stdout.log")
   local mode=()
   [ "$judge" = local ] && mode=(--allow-cross-rail)
+  [ "$judge" = routed ] && mode=(--routed)
   python3 "$here/rail_counters.py" "$dir" --ranks-per-host 2 "${mode[@]}" > "$dir/rails.txt" 2>&1 || verdict=$?
   [ "$judge" = none ] && verdict=0
   if [ "$status" -ne 0 ] || [ "$wrong" != "0" ] || [ "$rows" = "0" ] || [ "$verdict" -ne 0 ]; then
@@ -62,8 +67,10 @@ check ncclsearch all_reduce none NCCL_ALGO=Ring
 for coll in all_reduce all_gather reduce_scatter broadcast; do
   check alternating "$coll" strict NCCL_ALGO=Ring RAIL_GRAPH_DIR="$OUT"
 done
+# railnet routes each p2p connection to the peer's rail (RAILNET_FORWARD=1, the default): no connection crosses
+# rails; bytes on another rail's NIC are those routed connections.
 for coll in alltoall sendrecv; do
-  check p2p "$coll" local
+  check p2p "$coll" routed
 done
 echo "$failures failed" | tee -a "$summary"
 exit $((failures > 0))

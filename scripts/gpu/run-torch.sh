@@ -6,8 +6,10 @@ PLUGIN=$(realpath "$1"); OUT=$2
 here=$(dirname "$(realpath "$0")")
 mkdir -p "$OUT"
 export NCCL_NVLS_ENABLE=0 NCCL_SOCKET_IFNAME=lo  # railnet takes NCCL_SOCKET_IFNAME when RAILNET_IFNAME is unset
-# One rank per GPU, at least two (on a one-GPU machine both share it: correctness, not speed).
-ranks=$(nvidia-smi -L | wc -l)
+# One rank per GPU, at least two (on a one-GPU machine both share it: correctness, not speed); RANKS=N for fewer.
+# With two ranks every all-reduce sums two values, so the loss curves must match to the last digit; with more,
+# a different reduction order (ring vs tree, channel count) may round differently.
+ranks=${RANKS:-$(nvidia-smi -L | wc -l)}
 [ "$ranks" -lt 2 ] && ranks=2
 launch() {
   python3 -m torch.distributed.run --nproc_per_node="$ranks" --master_port=29533 \

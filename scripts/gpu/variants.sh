@@ -17,7 +17,7 @@ for variant in "$@"; do
   IFS=',' read -r -a words <<< "${variant#*=}"
   for word in "${words[@]}"; do
     case "$word" in
-      railnet|socket|socket4x4) read -r -a expanded <<< "$(transport_env "$word")"; envs+=("${expanded[@]}") ;;
+      railnet|railnet-gpu|railnet-notuner|socket|socket4x4|socket4x4ch8) read -r -a expanded <<< "$(transport_env "$word")"; envs+=("${expanded[@]}") ;;
       *) envs+=("$word") ;;
     esac
   done

@@ -41,9 +41,10 @@ std::string gpuRequirement() { return gpuUnavailableReason(); }
 
 GROUP_REQUIRES("gpu", gpuRequirement);
 
+// GPU memory is offered to NCCL only with RAILNET_TCP_GPU=1 (off by default, D70).
 bool tcpGpuOff() {
   const char* value = std::getenv("RAILNET_TCP_GPU");
-  return value != nullptr && std::string(value) == "0";
+  return value == nullptr || std::string(value) != "1";
 }
 
 // What the plugin logged about CUDA so far (its reason for host-only ptrSupport, if any).

@@ -203,6 +203,39 @@ TEST_CASE("loopback rails on a switchless 2-GPU box: each next to its GPU under 
   }
 }
 
+TEST_CASE("virtual NICs sit beside the GPUs this process sees when it sees a block of the node's GPUs", "[topo]") {
+  Topology topology = loadTopology(fixture("dgx-h100.xml"));
+  auto plan = planRails(topology, "");
+  const auto loopbackRails = devices({{"lo@127.0.1.1", 0}, {"lo@127.0.2.1", 1}, {"lo@127.0.3.1", 2}});
+
+  SECTION("no CUDA ordinals known (a file, or no driver): every GPU, in bus order") {
+    auto placement = planPlacement(topology, plan, loopbackRails, "");
+    REQUIRE(placement.virtualNics.size() == 3);
+    CHECK(placement.virtualNics[0].gpu == 0);
+    CHECK(placement.virtualNics[1].gpu == 1);
+    CHECK(placement.virtualNics[2].gpu == 2);
+  }
+  SECTION("CUDA_VISIBLE_DEVICES gave this process GPUs 6 and 4 (a fake node's block): rails go round those two") {
+    topology.gpus[6].cudaIndex = 0;
+    topology.gpus[4].cudaIndex = 1;
+    auto placement = planPlacement(topology, plan, loopbackRails, "");
+    REQUIRE(placement.virtualNics.size() == 3);
+    CHECK(placement.virtualNics[0].gpu == 4);  // bus order, as everywhere else, not CUDA's order
+    CHECK(placement.virtualNics[1].gpu == 6);
+    CHECK(placement.virtualNics[2].gpu == 4);
+    CHECK(placement.devices[2].railId == 2);  // the rail itself does not change
+    auto root = Reader(placement.ncclXml).document();
+    checkNcclRequirements(root.get());
+  }
+  SECTION("one GPU visible (one rank per GPU): every GPU, so the node's ranks agree") {
+    topology.gpus[3].cudaIndex = 0;
+    auto placement = planPlacement(topology, plan, loopbackRails, "");
+    REQUIRE(placement.virtualNics.size() == 3);
+    CHECK(placement.virtualNics[1].gpu == 1);
+    CHECK(placement.virtualNics[2].gpu == 2);
+  }
+}
+
 TEST_CASE("on a switched node a rail device sits under its GPU's nearest switch", "[topo]") {
   Topology topology = loadTopology(fixture("dgx-h100.xml"));
   auto plan = planRails(topology, "");
