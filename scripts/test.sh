@@ -15,21 +15,22 @@ options=()
 case "${1:-}" in
   --asan)
     build_dir=build-asan
-    options=(-Db_sanitize=address,undefined -Db_lundef=false -Dstatic_cxx_runtime=false -Dbuildtype=debug)
+    # The sanitizer builds test the plugin: the tools (railnet-bench, -info, -tune) and their tests stay out
+    # (-Dtools=false); the conformance harness stops at 64 MiB (ASan) and 16 MiB (TSan) messages.
+    options=(-Db_sanitize=address,undefined -Db_lundef=false -Dstatic_cxx_runtime=false -Dbuildtype=debug
+             -Dtools=false)
     export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1
-    export RAILNET_TEST_MAX_SIZE=$((256 << 20))
     ;;
   --tsan)
     build_dir=build-tsan
-    options=(-Db_sanitize=thread -Db_lundef=false -Dstatic_cxx_runtime=false -Dbuildtype=debugoptimized)
+    options=(-Db_sanitize=thread -Db_lundef=false -Dstatic_cxx_runtime=false -Dbuildtype=debugoptimized
+             -Dtools=false)
     export TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1"
-    export RAILNET_TEST_MAX_SIZE=$((64 << 20))
     ;;
   --rxe)
     scripts/build.sh build
     tests/rxe/prepare.sh
     status=0
-    tests/rxe/smoke.sh || status=$?
     log=$(mktemp)
     # One guest with two soft-RoCE devices. The ABI adapters do not depend on the transport and the TCP runs
     # (normal, ASan, TSan) cover every version and group, so under TCG the full groups run once, through v12,
@@ -37,7 +38,8 @@ case "${1:-}" in
     # which reach each other through the guest's bridge and policy routing (tests/rxe/README.md).
     RAILNET_TRANSPORT=verbs tests/rxe/run-in-guest.sh --rxe-count 2 --timeout 1200 -- sh -c '
       status=0
-      build/tests/unit/railnet-unit-tests || status=1
+      # Only the unit tests that use an RDMA device: the rest ran natively three times already (TCG is slow).
+      build/tests/unit/railnet-unit-tests "[verbs]" || status=1
       export RAILNET_RAILS=rxe0:0,rxe1:1
       conformance="build/tests/conformance/railnet-conformance --plugin build/libnccl-net-railnet.so --max-size 64M"
       $conformance --version 12 --group basic,data,grouped,failure,lifecycle,verbs,fusion || status=1
@@ -51,6 +53,9 @@ case "${1:-}" in
     runs=$(grep -cE '^[0-9]+ passed, [0-9]+ failed$' "$log" || true)
     rm -f "$log"
     [ "$runs" -eq 3 ] || { [ "$status" -eq 0 ] && status=1; }
+    # The rig's own check (devices, ports, perftest traffic) only when something failed: it tells a broken rig
+    # from a broken transport, and costs a second guest boot under TCG otherwise.
+    if [ "$status" -ne 0 ]; then tests/rxe/smoke.sh || true; fi
     [ "$status" -ne 0 ] && [ "${failed:-0}" -eq 0 ] && failed=1
     echo "rxe (verbs on soft-RoCE): ${passed:-0} passed, ${failed:-1} failed"
     exit "$status"
