@@ -41,13 +41,7 @@
 #include <cstddef>
 #include <cstdint>
 
-#ifndef RAILNET_HOST_DEVICE
-#if defined(__CUDACC__)
-#define RAILNET_HOST_DEVICE __host__ __device__
-#else
-#define RAILNET_HOST_DEVICE
-#endif
-#endif
+#include "proxy/doorbell/host_device.h"
 
 namespace railnet::doorbell::mlx5 {
 
