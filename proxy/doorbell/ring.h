@@ -40,7 +40,8 @@ enum class Op : uint32_t {
   kQuiet = 4,      // no transfer: completes when every earlier operation of this ring has completed
 };
 
-enum class SignalOp : uint32_t { kNone = 0, kAdd = 1, kSet = 2 };
+// What a signal does to the peer's 64-bit word (GIN's INC is an add of 1).
+enum class SignalOp : uint32_t { kNone = 0, kAdd = 1 };
 
 // One operation. 64 bytes: one slot, one PCIe write burst from the GPU, one cache line on the host.
 struct alignas(64) Descriptor {
