@@ -32,18 +32,18 @@ case "${1:-}" in
     tests/rxe/prepare.sh
     status=0
     log=$(mktemp)
-    # One guest with two soft-RoCE devices. The ABI adapters do not depend on the transport and the TCP runs
-    # (normal, ASan, TSan) cover every version and group, so under TCG the full groups run once, through v12,
-    # and v8-v11 run the groups whose calls differ per version (decisions D56). The fusion group fuses rxe0+rxe1,
+    # One guest with two soft-RoCE devices. The ABI adapters do not depend on the transport and the normal TCP run
+    # covers every version and group, so under TCG the full groups run once, through v12, with messages up to
+    # 16 MiB (soft-RoCE under TCG moves about 0.1 Gb/s), and v8-v11 run basic (decisions D56). The fusion group fuses rxe0+rxe1,
     # which reach each other through the guest's bridge and policy routing (tests/rxe/README.md).
     RAILNET_TRANSPORT=verbs tests/rxe/run-in-guest.sh --rxe-count 2 --timeout 1200 -- sh -c '
       status=0
       # Only the unit tests that use an RDMA device: the rest ran natively three times already (TCG is slow).
       build/tests/unit/railnet-unit-tests "[verbs]" || status=1
       export RAILNET_RAILS=rxe0:0,rxe1:1
-      conformance="build/tests/conformance/railnet-conformance --plugin build/libnccl-net-railnet.so --max-size 64M"
+      conformance="build/tests/conformance/railnet-conformance --plugin build/libnccl-net-railnet.so --max-size 16M"
       $conformance --version 12 --group basic,data,grouped,failure,lifecycle,verbs,fusion || status=1
-      $conformance --version 8,9,10,11 --group basic,grouped || status=1
+      $conformance --version 8,9,10,11 --group basic || status=1
       # GIN over verbs: put+signal on all three tables (the whole gin group takes ~10 minutes under TCG).
       $conformance --group gin --filter put_signal || status=1
       exit $status' 2>&1 | tee "$log" || status=$?
