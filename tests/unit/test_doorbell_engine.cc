@@ -14,6 +14,7 @@
 #include "base/clock.h"
 #include "proxy/doorbell/engine.h"
 #include "proxy/doorbell/ring.h"
+#include "tests/unit/doorbell_test_ring.h"
 #include "proxy/rma/mesh.h"
 #include "proxy/rma/rma_comm.h"
 #include "proxy/tcp/tcp_transport.h"
@@ -24,8 +25,6 @@ namespace {
 using railnet::doorbell::Descriptor;
 using railnet::doorbell::Engine;
 using railnet::doorbell::Op;
-using railnet::doorbell::postFromHost;
-using railnet::doorbell::RingControl;
 using railnet::doorbell::RingError;
 using railnet::doorbell::SignalOp;
 
@@ -88,13 +87,7 @@ class TwoRanks {
   std::thread target_;
 };
 
-struct Ring {
-  explicit Ring(uint64_t slotCount) : slots(new Descriptor[slotCount]()), capacity(slotCount) {}
-  bool post(const Descriptor& d) { return postFromHost(slots.get(), &control, capacity, d, 1u << 20); }
-  std::unique_ptr<Descriptor[]> slots;
-  RingControl control{};
-  uint64_t capacity;
-};
+using Ring = TestRing;
 
 Descriptor put(uint64_t sourceOffset, uint64_t targetOffset, uint64_t bytes) {
   Descriptor d{};

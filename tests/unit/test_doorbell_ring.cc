@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "proxy/doorbell/ring.h"
+#include "tests/unit/doorbell_test_ring.h"
 
 namespace {
 
@@ -23,13 +24,7 @@ using railnet::doorbell::RingConsumer;
 using railnet::doorbell::RingControl;
 using railnet::doorbell::RingError;
 
-struct Ring {
-  explicit Ring(uint64_t slotCount) : slots(new Descriptor[slotCount]()), capacity(slotCount) {}
-  std::unique_ptr<Descriptor[]> slots;
-  RingControl control{};
-  uint64_t capacity;
-  RingConsumer consumer() { return RingConsumer(slots.get(), &control, capacity); }
-};
+using Ring = TestRing;
 
 // A descriptor whose every field derives from (producer, index), so a torn or mixed-up slot shows.
 Descriptor made(uint32_t producer, uint64_t index) {
