@@ -1,10 +1,9 @@
 #include "plugin/gin_core.h"
 
 #include <memory>
-#include <mutex>
-#include <unordered_set>
 
 #include "plugin/guard.h"
+#include "plugin/live_set.h"
 #include "proxy/rma/rma_comm.h"
 #include "railnet/log.h"
 #include "railnet/settings.h"
@@ -16,50 +15,20 @@ struct GinContext {
   uint64_t commId;
 };
 
-// The handles railnet has given NCCL's GIN/RMA side and not yet taken back, by kind: a pointer NCCL passes is
-// used only once found here (a freed or foreign one is refused untouched, as the net side does, D60).
-template <class Object>
-class LiveSet {
- public:
-  Object* add(std::unique_ptr<Object> object) {
-    std::lock_guard<std::mutex> lock(mutex_);
-    live_.insert(object.get());
-    return object.release();
-  }
-  Object* find(const char* entryPoint, const char* kind, void* handle) {
-    std::lock_guard<std::mutex> lock(mutex_);
-    if (handle == nullptr || live_.count(handle) == 0) {
-      fail(ncclInvalidUsage, "NET/railnet: GIN %s: %p is not a live railnet %s", entryPoint, handle, kind);
-    }
-    return static_cast<Object*>(handle);
-  }
-  std::unique_ptr<Object> take(const char* entryPoint, const char* kind, void* handle) {
-    std::lock_guard<std::mutex> lock(mutex_);
-    if (handle == nullptr || live_.erase(handle) == 0) {
-      fail(ncclInvalidUsage, "NET/railnet: GIN %s: %p is not a live railnet %s", entryPoint, handle, kind);
-    }
-    return std::unique_ptr<Object>(static_cast<Object*>(handle));
-  }
-
- private:
-  std::mutex mutex_;
-  std::unordered_set<const void*> live_;
-};
-
 LiveSet<GinContext>& contexts() {
-  static LiveSet<GinContext> instance;
+  static LiveSet<GinContext> instance("GIN");
   return instance;
 }
 LiveSet<rma::RmaListen>& listens() {
-  static LiveSet<rma::RmaListen> instance;
+  static LiveSet<rma::RmaListen> instance("GIN");
   return instance;
 }
 LiveSet<rma::RmaComm>& comms() {
-  static LiveSet<rma::RmaComm> instance;
+  static LiveSet<rma::RmaComm> instance("GIN");
   return instance;
 }
 LiveSet<rma::RmaContext>& rmaContexts() {
-  static LiveSet<rma::RmaContext> instance;
+  static LiveSet<rma::RmaContext> instance("GIN");
   return instance;
 }
 

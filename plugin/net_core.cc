@@ -257,8 +257,9 @@ ncclResult_t init(int abiVersion, ncclDebugLogger_t logger, void** ctx, uint64_t
         RN_INFO(NCCL_INIT | NCCL_NET, "NET/railnet: railnet %s (revision %s), net ABI v%d", kVersion, revision(),
                 abiVersion);
       } else {
-        RN_INFO(NCCL_INIT | NCCL_NET, "NET/railnet: railnet %s (revision %s), first initialised by its GIN table",
-                kVersion, revision());
+        RN_INFO(NCCL_INIT | NCCL_NET,
+                "NET/railnet: railnet %s (revision %s), first initialised by its GIN table or doorbell API", kVersion,
+                revision());
       }
       checkSettings();  // RAILNET_* are parsed once; a bad value fails init (and every retry of it)
       logSettingSources();

@@ -30,6 +30,8 @@ class Engine {
   bool progress() noexcept;
 
   uint64_t completed() const { return completed_; }
+  // A window registered after the engine started takes the next index (the caller serializes with progress()).
+  void addWindow(void* handle) { windows_.push_back(handle); }
 
  private:
   struct Pending {
