@@ -83,7 +83,7 @@ void onCrash(int sig) {
   raise(sig);
 }
 
-#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__) || RAILNET_SANITIZED
 constexpr bool kSanitized = true;
 #else
 constexpr bool kSanitized = false;
