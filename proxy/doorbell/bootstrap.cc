@@ -78,20 +78,21 @@ bool transfer(int fd, char* data, size_t bytes, bool sending, Clock::time_point 
   return true;
 }
 
-void sendAll(int fd, const void* data, size_t bytes, Clock::time_point deadline, const char* what) {
+// transfer(), failing with `what` named.
+void transferAll(int fd, void* data, size_t bytes, bool sending, Clock::time_point deadline, const char* what) {
   bool closed = false;
-  if (!transfer(fd, const_cast<char*>(static_cast<const char*>(data)), bytes, true, deadline, &closed)) {
+  if (!transfer(fd, static_cast<char*>(data), bytes, sending, deadline, &closed)) {
     fail(closed ? ncclRemoteError : ncclSystemError, "NET/railnet: doorbell bootstrap: %s: %s", what,
          closed ? "the peer closed the connection" : "timed out");
   }
 }
 
+void sendAll(int fd, const void* data, size_t bytes, Clock::time_point deadline, const char* what) {
+  transferAll(fd, const_cast<void*>(data), bytes, true, deadline, what);
+}
+
 void receiveAll(int fd, void* data, size_t bytes, Clock::time_point deadline, const char* what) {
-  bool closed = false;
-  if (!transfer(fd, static_cast<char*>(data), bytes, false, deadline, &closed)) {
-    fail(closed ? ncclRemoteError : ncclSystemError, "NET/railnet: doorbell bootstrap: %s: %s", what,
-         closed ? "the peer closed the connection" : "timed out");
-  }
+  transferAll(fd, data, bytes, false, deadline, what);
 }
 
 IdLayout layoutOf(const UniqueId& id) {

@@ -99,10 +99,9 @@ Context::Context(Transport& transport, int dev, const UniqueId& id, BootstrapRoo
   // The one-sided mesh: every rank's listen handle, gathered through the id's bootstrap.
   std::vector<char> handle(NCCL_NET_HANDLE_MAXSIZE);
   listen_ = std::make_unique<rma::RmaListen>(transport, dev, handle.data());
-  const std::vector<std::vector<char>> handles = allGather(id, root, rank, nranks, handle, options.bootstrapTimeoutMs);
+  std::vector<std::vector<char>> handles = allGather(id, root, rank, nranks, handle, options.bootstrapTimeoutMs);
   std::vector<void*> handlePointers;
-  std::vector<std::vector<char>> copies = handles;
-  for (auto& entry : copies) handlePointers.push_back(entry.data());
+  for (auto& entry : handles) handlePointers.push_back(entry.data());
   comm_ = std::make_unique<rma::RmaComm>(*listen_, handlePointers.data(), nranks, rank);
   signalWindow_ = comm_->registerWindow(view_.signals, options.signalCount * sizeof(uint64_t), NCCL_PTR_HOST, false,
                                         0, -1);
