@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Builds railnet's relocatable release tarball: what `meson install` ships (the stripped plugin, the tuner link, the
-# tools), laid out as lib/ and bin/, plus env.sh, which points NCCL at it. Unpack it anywhere, e.g. /opt/railnet in a
+# tools, the doorbell API's headers), laid out as lib/, bin/ and include/railnet/, plus env.sh, which points NCCL at it. Unpack it anywhere, e.g. /opt/railnet in a
 # training image (docs/container.md), and source env.sh or set the two variables it sets.
 #   scripts/package.sh [BUILD_DIR] [OUT_DIR]     (defaults: build, the current directory)
 # Prints the tarball's path: OUT_DIR/railnet-<version>-<arch>.tar.gz, whose top directory is railnet-<version>/.
@@ -20,6 +20,10 @@ cp -a "$(dirname "$so")"/libnccl-net-railnet.so "$(dirname "$so")"/libnccl-tuner
 for tool in railnet-info railnet-tune railnet-bench; do
   cp -a "$(find "$stage/dest" -name "$tool" -type f | head -1)" "$stage/$name/bin/"
 done
+headers=$(find "$stage/dest" -path '*/include/railnet' -type d | head -1)
+[ -n "$headers" ] || { echo "package.sh: meson install produced no include/railnet" >&2; exit 1; }
+mkdir -p "$stage/$name/include"
+cp -a "$headers" "$stage/$name/include/"
 cp "$root/LICENSE" "$root/CHANGELOG.md" "$stage/$name/"
 cat > "$stage/$name/env.sh" <<'ENV'
 # Sourced in a job's environment: NCCL loads railnet's net plugin and tuner from this directory.

@@ -1,7 +1,6 @@
 /* railnet's own GPU doorbells (issue 15): host C API. A context joins `nranks` processes (each its own rank) over
  * railnet's transports; kernels post one-sided operations into the context's ring, which railnet's engine thread
- * carries out (railnet/doorbell_device.cuh, when built, gives kernels put / put_signal / signal / wait_signal /
- * quiet). Link nothing: the functions live in libnccl-net-railnet.so (dlopen it, or link it).
+ * carries out (railnet/doorbell_device.cuh gives kernels put / put_signal / signal / wait_signal / quiet). Link nothing: the functions live in libnccl-net-railnet.so (dlopen it, or link it).
  *
  * Bootstrap by unique id, as NVSHMEM's UID mode: rank 0 calls railnet_doorbell_get_unique_id, the application
  * hands the 128 bytes to every rank by its own means, and every rank (rank 0 included) calls
@@ -20,6 +19,13 @@
 #ifdef __cplusplus
 extern "C" {
 #endif
+
+/* What railnet_doorbell_error reports and every device call (railnet/doorbell_device.cuh) returns. */
+#define RAILNET_DOORBELL_OK 0
+#define RAILNET_DOORBELL_PEER_FAILED 1    /* a transport to a peer failed (the log names the peer) */
+#define RAILNET_DOORBELL_BAD_DESCRIPTOR 2 /* an unknown peer, window or signal, or a range outside a window */
+#define RAILNET_DOORBELL_STALLED 3        /* a producer reserved a ring slot and never published it */
+#define RAILNET_DOORBELL_TIMEOUT 4        /* device calls only: the call's own wait ran past its limit */
 
 typedef struct {
   char internal[128];
@@ -46,7 +52,7 @@ int railnet_doorbell_init(const railnet_doorbell_unique_id_t* id, int rank, int 
 /* Collective, same order on every rank: a symmetric buffer (GPU or host memory); *window is its index. */
 int railnet_doorbell_register(railnet_doorbell_ctx_t* ctx, void* buffer, size_t bytes, uint32_t* window);
 int railnet_doorbell_device(railnet_doorbell_ctx_t* ctx, railnet_doorbell_device_t* device);
-/* The ring's first error: 0, or 1 a peer failed, 2 a bad descriptor, 3 a producer stalled. */
+/* The ring's first error: RAILNET_DOORBELL_OK, _PEER_FAILED, _BAD_DESCRIPTOR or _STALLED. */
 int railnet_doorbell_error(railnet_doorbell_ctx_t* ctx, uint32_t* error);
 int railnet_doorbell_finalize(railnet_doorbell_ctx_t* ctx);
 

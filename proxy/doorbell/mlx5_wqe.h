@@ -41,7 +41,7 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "proxy/doorbell/host_device.h"
+#include "railnet/host_device.h"
 
 namespace railnet::doorbell::mlx5 {
 

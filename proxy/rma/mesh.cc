@@ -35,7 +35,7 @@ struct IncomingConnection {
 };
 
 void check(ncclResult_t result, const char* what, int rank) {
-  if (result != ncclSuccess) fail(result, "NET/railnet: GIN: %s with rank %d failed", what, rank);
+  if (result != ncclSuccess) fail(result, "NET/railnet: one-sided: %s with rank %d failed", what, rank);
 }
 
 constexpr int64_t kWaitLogNs = 30'000'000'000LL;  // says what it waits for every 30 s
@@ -118,13 +118,13 @@ std::vector<PeerLinks> connectMesh(RmaListen& listen, void* const* handles, int 
       const auto lane = static_cast<Lane>(hello.window);
       if (!malformedReason(hello).empty() || hello.kind != RecordKind::kHello || peerRank >= links.size() ||
           hello.size != static_cast<uint64_t>(nranks) || (lane != Lane::kControl && lane != Lane::kData)) {
-        fail(ncclRemoteError, "NET/railnet: GIN connect: a connection to rank %d's listen sent a bad hello (rank %u, "
+        fail(ncclRemoteError, "NET/railnet: one-sided connect: a connection to rank %d's listen sent a bad hello (rank %u, "
              "%llu ranks, lane %u; this mesh has %d ranks)", rank, peerRank,
              static_cast<unsigned long long>(hello.size), hello.window, nranks);
       }
       PeerLinks& peer = links[peerRank];
       std::unique_ptr<RecvComm>& slot = lane == Lane::kControl ? peer.controlRecv : peer.dataRecv;
-      if (slot) fail(ncclRemoteError, "NET/railnet: GIN connect: rank %u opened two %s connections", peerRank, laneName(lane));
+      if (slot) fail(ncclRemoteError, "NET/railnet: one-sided connect: rank %u opened two %s connections", peerRank, laneName(lane));
       connection.region.reset();
       slot = std::move(connection.comm);
       ++identified;
@@ -142,7 +142,7 @@ std::vector<PeerLinks> connectMesh(RmaListen& listen, void* const* handles, int 
         if (!links[peer].controlRecv) waiting += " from " + std::to_string(peer) + "/control";
         if (!links[peer].dataRecv) waiting += " from " + std::to_string(peer) + "/data";
       }
-      RN_WARN("NET/railnet: GIN connect of rank %d still waits for connections:%s", rank, waiting.c_str());
+      RN_WARN("NET/railnet: one-sided connect of rank %d still waits for connections:%s", rank, waiting.c_str());
     }
   }
   for (auto& connection : outgoing) {

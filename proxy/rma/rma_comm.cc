@@ -91,11 +91,11 @@ struct Peer {
 
 RmaComm::RmaComm(RmaListen& listen, void* const* handles, int nranks, int rank) : nranks_(nranks), rank_(rank) {
   if (nranks < 1 || rank < 0 || rank >= nranks || handles == nullptr) {
-    fail(ncclInvalidArgument, "NET/railnet: GIN connect: rank %d of %d ranks, handles %p", rank, nranks,
+    fail(ncclInvalidArgument, "NET/railnet: one-sided connect: rank %d of %d ranks, handles %p", rank, nranks,
          static_cast<const void*>(handles));
   }
   for (int peer = 0; peer < nranks; ++peer) {
-    if (handles[peer] == nullptr) fail(ncclInvalidArgument, "NET/railnet: GIN connect: NULL handle of rank %d", peer);
+    if (handles[peer] == nullptr) fail(ncclInvalidArgument, "NET/railnet: one-sided connect: NULL handle of rank %d", peer);
     peers_.push_back(std::make_unique<Peer>());
     peers_.back()->rank = peer;
   }
@@ -113,7 +113,7 @@ RmaComm::RmaComm(RmaListen& listen, void* const* handles, int nranks, int rank) 
     peer->recvRecordsRegion = peer->controlRecv->regMr(peer->recvSlots.get(), kSlotsBytes, NCCL_PTR_HOST);
     peer->controlRecv->expectIdleReceives();  // its posted control receives wait as long as the GIN context idles
   }
-  RN_INFO(NCCL_INIT | NCCL_NET, "NET/railnet: GIN: rank %d connected to %d rank(s) over %s device %d", rank, nranks,
+  RN_INFO(NCCL_INIT | NCCL_NET, "NET/railnet: one-sided: rank %d connected to %d rank(s) over %s device %d", rank, nranks,
           listen.transport().name(), listen.dev());
 }
 
@@ -130,10 +130,10 @@ RmaComm::~RmaComm() {
 
 void* RmaComm::registerWindow(void* data, size_t size, int type, bool dmabuf, uint64_t dmabufOffset, int fd) {
   std::unique_lock<std::mutex> lock(mutex_);
-  if (!failure_.empty()) fail(failureCode_, "NET/railnet: GIN: registration on a failed comm: %s", failure_.c_str());
-  if (data == nullptr && size > 0) fail(ncclInvalidArgument, "NET/railnet: GIN: registration of NULL (%zu bytes)", size);
+  if (!failure_.empty()) fail(failureCode_, "NET/railnet: one-sided: registration on a failed comm: %s", failure_.c_str());
+  if (data == nullptr && size > 0) fail(ncclInvalidArgument, "NET/railnet: one-sided: registration of NULL (%zu bytes)", size);
   if (type != NCCL_PTR_HOST && type != NCCL_PTR_CUDA) {
-    fail(ncclInvalidArgument, "NET/railnet: GIN: registration of memory type %d (HOST or CUDA only)", type);
+    fail(ncclInvalidArgument, "NET/railnet: one-sided: registration of memory type %d (HOST or CUDA only)", type);
   }
   auto window = std::make_unique<Window>();
   window->id = nextWindowId_++;
@@ -165,7 +165,7 @@ void* RmaComm::registerWindow(void* data, size_t size, int type, bool dmabuf, ui
   int64_t nextLog = monotonicNs() + kWaitLogNs;
   while (true) {
     progressLocked();
-    if (!failure_.empty()) fail(failureCode_, "NET/railnet: GIN: registration failed: %s", failure_.c_str());
+    if (!failure_.empty()) fail(failureCode_, "NET/railnet: one-sided: registration failed: %s", failure_.c_str());
     std::string missing;
     for (const auto& peer : peers_) {
       if (peer->windowSizes.count(id) == 0) missing += " " + std::to_string(peer->rank);
@@ -173,14 +173,14 @@ void* RmaComm::registerWindow(void* data, size_t size, int type, bool dmabuf, ui
     if (missing.empty()) break;
     if (monotonicNs() > nextLog) {
       nextLog = monotonicNs() + kWaitLogNs;
-      RN_WARN("NET/railnet: GIN: rank %d's registration of window %u still waits for rank(s)%s", rank_, id,
+      RN_WARN("NET/railnet: one-sided: rank %d's registration of window %u still waits for rank(s)%s", rank_, id,
               missing.c_str());
     }
     lock.unlock();
     std::this_thread::sleep_for(std::chrono::microseconds(20));
     lock.lock();
   }
-  RN_INFO(NCCL_NET, "NET/railnet: GIN: rank %d registered window %u: %zu bytes of %s memory at %p", rank_, id, size,
+  RN_INFO(NCCL_NET, "NET/railnet: one-sided: rank %d registered window %u: %zu bytes of %s memory at %p", rank_, id, size,
           type == NCCL_PTR_CUDA ? "GPU" : "host", data);
   return handle;
 }
@@ -189,7 +189,7 @@ void RmaComm::deregisterWindow(void* handle) {
   std::lock_guard<std::mutex> lock(mutex_);
   auto found = windows_.find(handle);
   if (handle == nullptr || found == windows_.end()) {
-    fail(ncclInvalidUsage, "NET/railnet: GIN: deregistration of %p, which is no window of this comm", handle);
+    fail(ncclInvalidUsage, "NET/railnet: one-sided: deregistration of %p, which is no window of this comm", handle);
   }
   windowsById_.erase(found->second->id);
   windows_.erase(found);
@@ -215,7 +215,7 @@ Operation* RmaComm::newOperation() {
 
 ncclResult_t RmaComm::checkPut(const PutArguments& arguments, Window** src, Window** dst, Window** signal) const {
   if (arguments.rank >= static_cast<uint32_t>(nranks_)) {
-    RN_WARN("NET/railnet: GIN: put to rank %u; the comm has %d ranks", arguments.rank, nranks_);
+    RN_WARN("NET/railnet: one-sided: put to rank %u; the comm has %d ranks", arguments.rank, nranks_);
     return ncclInvalidArgument;
   }
   const Peer& peer = *peers_[arguments.rank];
@@ -227,18 +227,18 @@ ncclResult_t RmaComm::checkPut(const PutArguments& arguments, Window** src, Wind
     *src = windowOf(arguments.srcHandle);
     *dst = windowOf(arguments.dstHandle);
     if (*src == nullptr || *dst == nullptr) {
-      RN_WARN("NET/railnet: GIN: put of %zu bytes to rank %u with %s handle %p, which is no window of this comm",
+      RN_WARN("NET/railnet: one-sided: put of %zu bytes to rank %u with %s handle %p, which is no window of this comm",
               arguments.size, arguments.rank, *src == nullptr ? "source" : "destination",
               *src == nullptr ? arguments.srcHandle : arguments.dstHandle);
       return ncclInvalidArgument;
     }
     if (!fitsWindow(arguments.srcOffset, arguments.size, (*src)->size)) {
-      RN_WARN("NET/railnet: GIN: put of %zu bytes from offset %llu of window %u (%zu bytes): outside the window",
+      RN_WARN("NET/railnet: one-sided: put of %zu bytes from offset %llu of window %u (%zu bytes): outside the window",
               arguments.size, static_cast<unsigned long long>(arguments.srcOffset), (*src)->id, (*src)->size);
       return ncclInvalidArgument;
     }
     if (!fitsWindow(arguments.dstOffset, arguments.size, peerSize(*dst))) {
-      RN_WARN("NET/railnet: GIN: put of %zu bytes to offset %llu of rank %u's window %u (%llu bytes): outside the "
+      RN_WARN("NET/railnet: one-sided: put of %zu bytes to offset %llu of rank %u's window %u (%llu bytes): outside the "
               "window", arguments.size, static_cast<unsigned long long>(arguments.dstOffset), arguments.rank,
               (*dst)->id, static_cast<unsigned long long>(peerSize(*dst)));
       return ncclInvalidArgument;
@@ -246,13 +246,13 @@ ncclResult_t RmaComm::checkPut(const PutArguments& arguments, Window** src, Wind
   }
   if (arguments.signalOp != SignalOp::kNone) {
     if (arguments.signalOp != SignalOp::kInc && arguments.signalOp != SignalOp::kAdd) {
-      RN_WARN("NET/railnet: GIN: unknown signal op %u", static_cast<unsigned>(arguments.signalOp));
+      RN_WARN("NET/railnet: one-sided: unknown signal op %u", static_cast<unsigned>(arguments.signalOp));
       return ncclInvalidArgument;
     }
     *signal = windowOf(arguments.signalHandle);
     if (*signal == nullptr || arguments.signalOffset % sizeof(uint64_t) != 0 ||
         !fitsWindow(arguments.signalOffset, sizeof(uint64_t), peerSize(*signal))) {
-      RN_WARN("NET/railnet: GIN: signal at offset %llu of handle %p on rank %u: %s",
+      RN_WARN("NET/railnet: one-sided: signal at offset %llu of handle %p on rank %u: %s",
               static_cast<unsigned long long>(arguments.signalOffset), arguments.signalHandle, arguments.rank,
               *signal == nullptr ? "no window of this comm"
               : arguments.signalOffset % sizeof(uint64_t) != 0 ? "not 8-byte aligned" : "outside the window");
@@ -297,7 +297,7 @@ ncclResult_t RmaComm::put(const PutArguments& arguments, void** request) noexcep
     pumpOutgoing(peer);  // at once: a signal-only put leaves before the call returns
     return ncclSuccess;
   } catch (const std::exception& error) {
-    RN_WARN("NET/railnet: GIN: put to rank %u: %s", arguments.rank, error.what());
+    RN_WARN("NET/railnet: one-sided: put to rank %u: %s", arguments.rank, error.what());
     return ncclSystemError;
   }
 }
@@ -307,7 +307,7 @@ ncclResult_t RmaComm::test(void* request, int* done) noexcept {
   try {
     std::lock_guard<std::mutex> lock(mutex_);
     if (request == nullptr || liveRequests_.count(request) == 0) {
-      RN_WARN("NET/railnet: GIN: test of %p, which is no pending request of this comm", request);
+      RN_WARN("NET/railnet: one-sided: test of %p, which is no pending request of this comm", request);
       return ncclInvalidUsage;
     }
     auto* op = static_cast<Operation*>(request);
@@ -319,7 +319,7 @@ ncclResult_t RmaComm::test(void* request, int* done) noexcept {
     freeOperations_.push_back(op);
     return result;
   } catch (const std::exception& error) {
-    RN_WARN("NET/railnet: GIN: test: %s", error.what());
+    RN_WARN("NET/railnet: one-sided: test: %s", error.what());
     return ncclSystemError;
   }
 }
@@ -335,7 +335,7 @@ ncclResult_t RmaComm::completedRequest(void** request) noexcept {
     *request = op;
     return ncclSuccess;
   } catch (const std::exception& error) {
-    RN_WARN("NET/railnet: GIN: flush: %s", error.what());
+    RN_WARN("NET/railnet: one-sided: flush: %s", error.what());
     return ncclSystemError;
   }
 }
@@ -348,7 +348,7 @@ ncclResult_t RmaComm::progress() noexcept {
     progressLocked();
     return failure_.empty() ? ncclSuccess : failureCode_;
   } catch (const std::exception& error) {
-    RN_WARN("NET/railnet: GIN: progress: %s", error.what());
+    RN_WARN("NET/railnet: one-sided: progress: %s", error.what());
     return ncclSystemError;
   }
 }
@@ -363,7 +363,7 @@ bool RmaComm::failed() const {
 void RmaComm::failPeer(Peer& peer, const std::string& why) {
   if (!peer.failure.empty()) return;
   peer.failure = why;
-  RN_WARN("NET/railnet: GIN: rank %d: exchange with rank %d failed: %s", rank_, peer.rank, why.c_str());
+  RN_WARN("NET/railnet: one-sided: rank %d: exchange with rank %d failed: %s", rank_, peer.rank, why.c_str());
   if (failure_.empty()) {
     failure_ = "rank " + std::to_string(peer.rank) + ": " + why;
     failureCode_ = ncclRemoteError;
@@ -387,7 +387,7 @@ void RmaComm::progressLocked() {
   if (!writer_.progress(&why) && failure_.empty()) {
     failure_ = "applying a signal: " + why;
     failureCode_ = ncclSystemError;
-    RN_WARN("NET/railnet: GIN: rank %d: %s", rank_, failure_.c_str());
+    RN_WARN("NET/railnet: one-sided: rank %d: %s", rank_, failure_.c_str());
   }
 }
 

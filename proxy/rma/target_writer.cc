@@ -40,7 +40,7 @@ void warnIfCopiesWaitForTimeSlices(const cuda::DriverApi& cuda, int device, bool
     return;
   }
   std::call_once(once, [device] {
-    RN_WARN("NET/railnet: GIN: signals and puts under 32 KiB into GPU %d's memory wait for a GPU time slice (about "
+    RN_WARN("NET/railnet: one-sided: signals and puts under 32 KiB into GPU %d's memory wait for a GPU time slice (about "
             "2.4 ms on H200) while the application's kernel runs, because MPS is not running; start "
             "nvidia-cuda-mps-control -d for round trips near 60 us (docs/performance.md section 11)", device);
   });
@@ -52,7 +52,7 @@ int TargetWriter::prepareDevice(const void* window) {
   std::string why;
   const cuda::DriverApi* cuda = cuda::initDriver(&why);
   if (cuda == nullptr) {
-    fail(ncclSystemError, "NET/railnet: GIN: GPU window %p but CUDA is unusable: %s", window, why.c_str());
+    fail(ncclSystemError, "NET/railnet: one-sided: GPU window %p but CUDA is unusable: %s", window, why.c_str());
   }
   auto bufferContext = std::make_unique<staging::DeviceContext>(*cuda, window);  // throws when not GPU memory
   const int device = bufferContext->device();

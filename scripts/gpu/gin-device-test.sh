@@ -51,8 +51,8 @@ refusal=$(grep -m1 '^GIN unavailable' "$OUT/socket.txt" || true)
 {
   echo "== railnet: exit $railnet_status, $passed PASS, $failed FAIL ($OUT/railnet.txt)"
   grep -h -m1 -o 'Using network.*' "$OUT"/railnet.nccl.*.log 2>/dev/null | sort -u | sed 's/^/    NCCL: /' || true
-  echo "    GIN lines of NCCL's log (count, text):"
-  grep -h 'GIN' "$OUT"/railnet.nccl.*.log 2>/dev/null | sed -E 's/^.*NCCL (INFO|WARN) //' | sort | uniq -c |
+  echo "    GIN and one-sided lines of NCCL's log (count, text):"
+  grep -h -E 'GIN|one-sided' "$OUT"/railnet.nccl.*.log 2>/dev/null | sed -E 's/^.*NCCL (INFO|WARN) //' | sort | uniq -c |
     head -20 | sed 's/^/    /' || true
   grep -h '^FAIL' "$OUT/railnet.txt" | head -10 | sed 's/^/    /' || true
   grep -h -E '^(gin_|sendrecv_)' "$OUT/railnet.txt" | sed 's/^/    /' || true

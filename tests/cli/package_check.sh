@@ -19,6 +19,14 @@ check "and the tuner name as a link to it" "[ \"\$(readlink \"\$home/lib/libnccl
 for symbol in ncclNetPlugin_v12 ncclNetPlugin_v8 ncclGinPlugin_v11 ncclRmaPlugin_v14 ncclTunerPlugin_v6; do
   check "the plugin exports $symbol" "nm -D --defined-only \"\$so\" | grep -qw $symbol"
 done
+check "the plugin exports the doorbell API" "nm -D --defined-only \"\$so\" | grep -qw railnet_doorbell_init"
+for header in doorbell.h doorbell_device.cuh doorbell_layout.h host_device.h; do
+  check "it holds include/railnet/$header" "[ -f \"\$home/include/railnet/$header\" ]"
+done
+check "doorbell.h compiles as C from the tarball" \
+  "echo '#include <railnet/doorbell.h>' | cc -std=c99 -Wall -Werror -fsyntax-only -I \"\$home/include\" -x c -"
+check "doorbell_layout.h compiles as C++17 from the tarball" \
+  "echo '#include <railnet/doorbell_layout.h>' | c++ -std=c++17 -Wall -Werror -fsyntax-only -I \"\$home/include\" -x c++ -"
 env_out=$(bash -c "source \"$home/env.sh\" && echo \"\$NCCL_NET_PLUGIN|\$NCCL_TUNER_PLUGIN|\$(command -v railnet-info)\"")
 check "env.sh points NCCL_NET_PLUGIN at the packaged plugin" "[ \"\${env_out%%|*}\" = \"\$so\" ]"
 check "env.sh puts the tools on PATH" "[ \"\${env_out##*|}\" = \"\$home/bin/railnet-info\" ]"

@@ -609,7 +609,7 @@ std::string peerDeathRun(GinApi& api, DeathVariant variant) {
                 : strf("%d iputSignal(s) after the kill accepted (done: %s), then one refused (%s) at %.1f ms",
                        refusal.accepted, refusal.acceptedResults.c_str(), ncclResultName(refusal.code), refusal.ms);
   requireEveryPutRefused(api, rank, dataWin, sigWin);
-  REQUIRE(waitForWarning(mark, {"GIN", "rank 1"}, std::chrono::milliseconds(500)),
+  REQUIRE(waitForWarning(mark, {"one-sided", "rank 1"}, std::chrono::milliseconds(500)),
           "no WARN names the dead peer \"rank 1\"; the WARNs since the kill:\n" + describeWarnings(mark));
   const double teardownMs = rank.closeChecked();
   REQUIRE(teardownMs <= kTeardownLimitMs, strf("tearing down the comm whose peer died took %.0f ms", teardownMs));
