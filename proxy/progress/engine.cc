@@ -181,7 +181,8 @@ void Worker::waitForEvents(int timeoutMs) {
     }
     // Events only set flags; progress() runs to EAGAIN before clearing them (edge-triggered).
     source->markReady((events[i].events & (EPOLLIN | EPOLLRDHUP | EPOLLHUP | EPOLLERR)) != 0,
-                      (events[i].events & (EPOLLOUT | EPOLLHUP | EPOLLERR)) != 0);
+                      (events[i].events & (EPOLLOUT | EPOLLHUP | EPOLLERR)) != 0,
+                      (events[i].events & (EPOLLRDHUP | EPOLLHUP | EPOLLERR)) != 0);
   }
 }
 

@@ -24,8 +24,9 @@ class EventSource {
   virtual int fd() const noexcept = 0;
   // Moves what can be moved until the fd would block; returns the bytes moved (0: nothing to do).
   virtual uint64_t progress() noexcept = 0;
-  // epoll reported readiness; the next progress() runs until EAGAIN.
-  virtual void markReady(bool readable, bool writable) noexcept = 0;
+  // epoll reported readiness; the next progress() runs until EAGAIN. peerClosed: the event also carried
+  // EPOLLRDHUP, EPOLLHUP or EPOLLERR, the state of the socket when it was collected (no later edge follows for it).
+  virtual void markReady(bool readable, bool writable, bool peerClosed) noexcept = 0;
   // When a source that moved nothing must be served again without a readiness event (CLOCK_MONOTONIC ns; 0:
   // never): a shaped stream waiting for its bucket (proxy/shaping/). The helper then sleeps no longer than that.
   virtual int64_t retryAtNs() const noexcept { return 0; }

@@ -96,9 +96,10 @@ void Stream::fail(const char* why, int err, bool endOfStream) {
 
 void Stream::failWith(const char* why, int err) noexcept { fail(why, err, false); }
 
-void Stream::markReady(bool readable, bool writable) noexcept {
+void Stream::markReady(bool readable, bool writable, bool peerClosed) noexcept {
   if (readable) readable_ = true;
   if (writable) writable_ = true;
+  if (peerClosed) peerClosed_ = true;
 }
 
 uint64_t Stream::progress() noexcept {
@@ -285,8 +286,10 @@ uint64_t Stream::progressReceive() {
     headerBytes_ += left;
     if (headerBytes_ == sizeof(ChunkHeader) && !startChunk()) return moved;
     // A short read emptied the socket: whatever arrives next raises a new edge-triggered event, so the EAGAIN
-    // read that would confirm it is saved.
-    if (static_cast<uint64_t>(got) < wanted) {
+    // read that would confirm it is saved. Not once the peer has closed: a FIN already queued behind the last
+    // bytes is consumed by the read that returns them short, and the end of stream the next read reports raises
+    // no new edge, so a stream that stopped here would never report it (a killed sender went unnoticed).
+    if (static_cast<uint64_t>(got) < wanted && !peerClosed_) {
       readable_ = false;
       break;
     }

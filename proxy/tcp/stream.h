@@ -89,7 +89,7 @@ class Stream final : public progress::EventSource {
 
   // progress::EventSource, helper thread only.
   uint64_t progress() noexcept override;
-  void markReady(bool readable, bool writable) noexcept override;
+  void markReady(bool readable, bool writable, bool peerClosed) noexcept override;
   int64_t retryAtNs() const noexcept override;
   void failWith(const char* why, int err) noexcept override;
   uint64_t affinityKey() const noexcept override { return connectionKey_; }
@@ -134,6 +134,7 @@ class Stream final : public progress::EventSource {
   bool awaitingDestination_ = false;  // incoming_ was told to retry later: nothing more is read until it lands
   std::atomic<bool> waitingForSlot_{false};  // awaitingDestination_, published for stall reports
   bool readable_ = true;
+  bool peerClosed_ = false;  // epoll saw the peer's FIN (or an error): short reads no longer mean drained
   bool writable_ = true;
   StreamTelemetry telemetry_;
   std::atomic<bool> dead_{false};

@@ -2,7 +2,10 @@
 // idle sibling (proxy/tcp/stream.h), on real sockets and the real helper threads.
 #include <catch2/catch.hpp>
 
+#include <arpa/inet.h>
 #include <fcntl.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -39,7 +42,7 @@ class KeyedSource final : public EventSource {
   }
   int fd() const noexcept override { return mine_.get(); }
   uint64_t progress() noexcept override { return 0; }
-  void markReady(bool, bool) noexcept override {}
+  void markReady(bool, bool, bool) noexcept override {}
   void failWith(const char*, int) noexcept override {}
   uint64_t affinityKey() const noexcept override { return key_; }
 
@@ -135,6 +138,65 @@ TEST_CASE("a receiving stream reassembles chunks however the bytes are split, he
     offset += lengths[i];
   }
   CHECK(owner.buffer == expected);
+}
+
+TEST_CASE("a receiving stream sees the end of stream that arrived together with its last bytes", "[engine]") {
+  // A sender killed while its kernel still holds unsent bytes (its receiver was behind) has the FIN ride on the
+  // last data segment. One edge reports both; recvmsg returns the bytes short and consumes the FIN, so the next
+  // read returns 0 with no new edge. A stream that takes every short read as "drained" never learns the peer is
+  // gone, and a receive waiting on it never fails (conformance failure.killed_sender).
+  Fd listener(socket(AF_INET, SOCK_STREAM, 0));
+  REQUIRE(listener.valid());
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t length = sizeof(address);
+  REQUIRE(bind(listener.get(), reinterpret_cast<sockaddr*>(&address), sizeof(address)) == 0);
+  REQUIRE(listen(listener.get(), 1) == 0);
+  REQUIRE(getsockname(listener.get(), reinterpret_cast<sockaddr*>(&address), &length) == 0);
+  Fd writer(socket(AF_INET, SOCK_STREAM, 0));
+  REQUIRE(connect(writer.get(), reinterpret_cast<sockaddr*>(&address), sizeof(address)) == 0);
+  Fd reader(accept(listener.get(), nullptr, nullptr));
+  REQUIRE(reader.valid());
+  REQUIRE(fcntl(reader.get(), F_SETFL, O_NONBLOCK) == 0);
+  constexpr uint64_t kChunk = 1000;
+  auto chunkAt = [&](uint64_t offset) {
+    railnet::protocol::ChunkHeader header{};
+    header.messageSize = 2 * kChunk;
+    header.offset = offset;
+    header.length = kChunk;
+    std::vector<char> wire(sizeof(header) + kChunk, 'x');
+    memcpy(wire.data(), &header, sizeof(header));
+    return wire;
+  };
+  BufferOwner owner(2 * kChunk);
+  Stream stream{std::move(reader), &owner, 0};
+  std::shared_ptr<Engine> engine = Engine::acquire();
+  engine->attach(&stream);
+  // The first chunk leaves the helper having read its payload short, as "drained".
+  const std::vector<char> first = chunkAt(0);
+  REQUIRE(write(writer.get(), first.data(), first.size()) == static_cast<ssize_t>(first.size()));
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (owner.completedCount() < 1 && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  REQUIRE(owner.completedCount() == 1);
+  // The second chunk and the FIN in one segment: corked, then shut down (the FIN is set on the unsent tail).
+  int on = 1;
+  REQUIRE(setsockopt(writer.get(), IPPROTO_TCP, TCP_CORK, &on, sizeof(on)) == 0);
+  const std::vector<char> second = chunkAt(kChunk);
+  REQUIRE(write(writer.get(), second.data(), second.size()) == static_cast<ssize_t>(second.size()));
+  REQUIRE(shutdown(writer.get(), SHUT_WR) == 0);
+  auto failure = [&] {
+    std::lock_guard<std::mutex> lock(owner.mutex);
+    return owner.failure;
+  };
+  while (failure().empty() && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  engine->detach(&stream);
+  CHECK(owner.completedCount() == 2);
+  CHECK(failure() == "end of stream");
 }
 
 TEST_CASE("a chunk told to retry later stays unread, with everything behind it, until the stream is resumed",
