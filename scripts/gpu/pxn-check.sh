@@ -11,7 +11,9 @@
 #   shaped     the same four variants on a shaped fabric (RAILNET_SHAPE_NIC_MBPS per rail, a spine at a quarter of
 #              it: docs/fabric-shaping.md), alltoall and sendrecv 1 MiB-256 MiB, -c 0: busbw per variant.
 #   aggregate  alltoall 8 B-64 MiB with multireceive aggregation on (RAILNET_GROUP_WAIT_US default) and off (0),
-#              NCCL's PXN on (PXN is what makes NCCL post grouped receives).
+#              NCCL's PXN on (PXN is what makes NCCL post grouped receives), 50 timed iterations; copies in the
+#              application's CUDA context (RAILNET_TCP_OWN_COPY_CONTEXT=0; AGG_OWN_CONTEXT=1 to not), since GPU
+#              memory on TCP is on and railnet's own context would make every small message wait 2.4 ms (D70).
 # Summary: OUT/pxn-summary.txt; per run: stdout.log, nccl-rank<R>.log, rails.txt (scripts/gpu/rail_counters.py).
 # SHAPE_NIC_MBPS (default 25000) sets the rail rate of the shaped phase. Every run offers NCCL GPU memory
 # (RAILNET_TCP_GPU=1; PXN_GPU=0 to not): NCCL turns PXN on only where the net takes GPU memory.
@@ -86,8 +88,8 @@ for phase in $PHASES; do
       done ;;
     aggregate)
       for wait in 20 0; do
-        run "$OUT/aggregate/group-wait-$wait" nocross RAILNET_GROUP_WAIT_US=$wait RAILNET_TCP_GPU="${PXN_GPU:-1}" -- \
-          alltoall -b 8 -e 64M -f 4 -g 1 -c 1 -w 2 -n 20
+        run "$OUT/aggregate/group-wait-$wait" nocross RAILNET_GROUP_WAIT_US=$wait RAILNET_TCP_GPU="${PXN_GPU:-1}" \
+          RAILNET_TCP_OWN_COPY_CONTEXT="${AGG_OWN_CONTEXT:-0}" -- alltoall -b 8 -e 64M -f 4 -g 1 -c 1 -w 5 -n 50
       done ;;
     *) echo "unknown phase $phase" >&2; exit 2 ;;
   esac
