@@ -151,6 +151,7 @@ bool loadDriverFrom(const char* library, DriverApi* api, std::string* why) {
   resolve.require(&api->cuMemcpyHtoD, "cuMemcpyHtoD", 3020);
   resolve.require(&api->cuMemHostRegister, "cuMemHostRegister", 6050);
   resolve.require(&api->cuMemHostUnregister, "cuMemHostUnregister", 4000);
+  resolve.optional(&api->cuMemHostGetDevicePointer, "cuMemHostGetDevicePointer", 3020);
   resolve.require(&api->cuMemHostAlloc, "cuMemHostAlloc", 2020);
   resolve.require(&api->cuMemFreeHost, "cuMemFreeHost", 2000);
   resolve.require(&api->cuMemAlloc, "cuMemAlloc", 3020);

@@ -37,6 +37,8 @@ constexpr CUresult CUDA_ERROR_NOT_SUPPORTED = 801;
 constexpr unsigned CU_STREAM_NON_BLOCKING = 0x1;
 constexpr unsigned CU_EVENT_DISABLE_TIMING = 0x2;
 constexpr unsigned CU_MEMHOSTREGISTER_PORTABLE = 0x01;
+constexpr unsigned CU_MEMHOSTREGISTER_DEVICEMAP = 0x02;
+constexpr unsigned CU_MEMHOSTREGISTER_IOMEMORY = 0x04;  // MMIO, e.g. a NIC's doorbell page
 constexpr unsigned CU_MEMHOSTALLOC_PORTABLE = 0x01;
 
 // CUdevice_attribute
@@ -126,6 +128,7 @@ struct DriverApi {
   CUresult (*cuMemcpyHtoD)(CUdeviceptr destination, const void* source, size_t bytes) = nullptr;
   CUresult (*cuMemHostRegister)(void* pointer, size_t bytes, unsigned int flags) = nullptr;
   CUresult (*cuMemHostUnregister)(void* pointer) = nullptr;
+  CUresult (*cuMemHostGetDevicePointer)(CUdeviceptr* device, void* host, unsigned int flags) = nullptr;  // optional
   CUresult (*cuMemHostAlloc)(void** pointer, size_t bytes, unsigned int flags) = nullptr;
   CUresult (*cuMemFreeHost)(void* pointer) = nullptr;
   CUresult (*cuMemAlloc)(CUdeviceptr* pointer, size_t bytes) = nullptr;

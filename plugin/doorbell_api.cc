@@ -23,6 +23,7 @@ static_assert(sizeof(railnet_doorbell_unique_id_t) == sizeof(UniqueId), "the C i
 static_assert(sizeof(railnet_doorbell_device_t) == sizeof(DeviceView), "the C view is the C++ view");
 static_assert(offsetof(railnet_doorbell_device_t, signals) == offsetof(DeviceView, signals), "same layout");
 static_assert(offsetof(railnet_doorbell_device_t, nranks) == offsetof(DeviceView, nranks), "same layout");
+static_assert(offsetof(railnet_doorbell_device_t, direct) == offsetof(DeviceView, direct), "same layout");
 
 LiveSet<Context>& contexts() {
   static LiveSet<Context> instance("doorbell");

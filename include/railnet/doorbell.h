@@ -42,6 +42,7 @@ typedef struct {
   uint32_t signal_count;
   int32_t rank;
   int32_t nranks;
+  void* direct;             /* the mlx5 direct path (railnet::doorbell::DirectView), NULL: the ring carries them */
 } railnet_doorbell_device_t;
 
 /* Rank 0 only, before handing the id to the others. */

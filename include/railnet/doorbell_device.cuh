@@ -2,7 +2,9 @@
 // the ring of a doorbell context (railnet/doorbell.h makes the context and gives the railnet_doorbell_device_t a
 // kernel takes by value). No CPU decision is in the path: a kernel writes a 64-byte descriptor into the ring in
 // mapped host memory and railnet's engine thread carries it out over railnet's transports (the protocol:
-// railnet/doorbell_layout.h).
+// railnet/doorbell_layout.h). When the context has the mlx5 direct path (ctx.direct, railnet/doorbell_direct.h),
+// put, put_signal, signal and quiet post the NIC's own WQEs to each peer's send queue and ring its doorbell
+// instead (railnet/doorbell_direct_producer.h); the same calls, scopes and codes either way.
 //
 //   #include <railnet/doorbell_device.cuh>
 //   namespace db = railnet::doorbell::device;
@@ -26,6 +28,10 @@
 // after its put's bytes and every earlier put to that peer have landed. `quiet` returns once every operation posted
 // before it (by any thread) has completed locally: its source bytes may be overwritten.
 //
+// Direct path differences: a bad peer, window or signal index is returned by the call itself (BAD_DESCRIPTOR,
+// nothing posted) rather than set as the context's sticky error; a range outside a window is caught only by the NIC
+// (the peer's queue fails: PEER_FAILED); a put to this rank itself is BAD_DESCRIPTOR (no loopback queue).
+//
 // Requires CUDA 11.7+ (libcu++ atomic_ref) and sm_70+.
 #pragma once
 
@@ -33,6 +39,7 @@
 #include <stdint.h>
 
 #include "railnet/doorbell.h"
+#include "railnet/doorbell_direct_device.cuh"
 #include "railnet/doorbell_layout.h"
 
 namespace railnet::doorbell::device {
@@ -100,6 +107,13 @@ __device__ inline int post(const railnet_doorbell_device_t& ctx, const Descripto
   return RAILNET_DOORBELL_OK;
 }
 
+// The direct path's producer for one call (ctx.direct != nullptr); the ring's error word is the context's.
+__device__ inline direct::DirectProducer<direct::DeviceMemory> directProducer(const railnet_doorbell_device_t& ctx,
+                                                                              uint64_t timeoutNs) {
+  return {*static_cast<const DirectView*>(ctx.direct), ctx.nranks, ctx.signal_count, &control(ctx)->error,
+          timeoutNs};
+}
+
 __device__ inline Descriptor describe(Op op, int peer, uint32_t targetWindow, uint64_t targetOffset,
                                       uint32_t sourceWindow, uint64_t sourceOffset, uint64_t bytes, uint32_t signal,
                                       uint64_t add) {
@@ -154,6 +168,10 @@ __device__ inline int put(const railnet_doorbell_device_t& ctx, int peer, uint32
                           uint32_t sourceWindow, uint64_t sourceOffset, uint64_t bytes,
                           uint64_t timeoutNs = kDefaultTimeoutNs) {
   return detail::once<S>([&] {
+    if (ctx.direct != nullptr) {
+      return detail::directProducer(ctx, timeoutNs)
+          .postWrite(peer, targetWindow, targetOffset, sourceWindow, sourceOffset, bytes);
+    }
     return detail::post(ctx, detail::describe(Op::kPut, peer, targetWindow, targetOffset, sourceWindow, sourceOffset,
                                               bytes, 0, 0),
                         timeoutNs);
@@ -166,6 +184,10 @@ __device__ inline int put_signal(const railnet_doorbell_device_t& ctx, int peer,
                                  uint64_t targetOffset, uint32_t sourceWindow, uint64_t sourceOffset, uint64_t bytes,
                                  uint32_t signalIndex, uint64_t add, uint64_t timeoutNs = kDefaultTimeoutNs) {
   return detail::once<S>([&] {
+    if (ctx.direct != nullptr) {
+      return detail::directProducer(ctx, timeoutNs)
+          .postWriteFetchAdd(peer, targetWindow, targetOffset, sourceWindow, sourceOffset, bytes, signalIndex, add);
+    }
     return detail::post(ctx, detail::describe(Op::kPutSignal, peer, targetWindow, targetOffset, sourceWindow,
                                               sourceOffset, bytes, signalIndex, add),
                         timeoutNs);
@@ -177,6 +199,7 @@ template <Scope S = Scope::kThread>
 __device__ inline int signal(const railnet_doorbell_device_t& ctx, int peer, uint32_t signalIndex, uint64_t add,
                              uint64_t timeoutNs = kDefaultTimeoutNs) {
   return detail::once<S>([&] {
+    if (ctx.direct != nullptr) return detail::directProducer(ctx, timeoutNs).postFetchAdd(peer, signalIndex, add);
     return detail::post(ctx, detail::describe(Op::kSignal, peer, 0, 0, 0, 0, 0, signalIndex, add), timeoutNs);
   });
 }
@@ -200,6 +223,7 @@ __device__ inline int wait_signal(const railnet_doorbell_device_t& ctx, uint32_t
 template <Scope S = Scope::kThread>
 __device__ inline int quiet(const railnet_doorbell_device_t& ctx, uint64_t timeoutNs = kDefaultTimeoutNs) {
   return detail::once<S>([&] {
+    if (ctx.direct != nullptr) return detail::directProducer(ctx, timeoutNs).quietQueues();
     uint64_t ticket = 0;
     const int posted =
         detail::post(ctx, detail::describe(Op::kQuiet, 0, 0, 0, 0, 0, 0, 0, 0), timeoutNs, &ticket);
@@ -209,7 +233,10 @@ __device__ inline int quiet(const railnet_doorbell_device_t& ctx, uint64_t timeo
   });
 }
 
-// The ring's sticky error (0: none).
-__device__ inline int error(const railnet_doorbell_device_t& ctx) { return detail::ringError(ctx); }
+// The context's sticky error, else (direct path) the first failed peer queue's (0: none).
+__device__ inline int error(const railnet_doorbell_device_t& ctx) {
+  if (ctx.direct != nullptr) return detail::directProducer(ctx, 0).error();
+  return detail::ringError(ctx);
+}
 
 }  // namespace railnet::doorbell::device

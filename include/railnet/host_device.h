@@ -1,6 +1,6 @@
 // RAILNET_HOST_DEVICE: marks the doorbell headers' functions for both host and CUDA device code (nvcc), and is
 // empty for the host compiler. Shared by every header a kernel includes (railnet/doorbell_layout.h,
-// railnet/doorbell_device.cuh, proxy/doorbell/mlx5_wqe.h).
+// railnet/doorbell_device.cuh, railnet/mlx5_wqe.h).
 #pragma once
 
 #ifndef RAILNET_HOST_DEVICE

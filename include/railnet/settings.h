@@ -53,6 +53,10 @@ inline constexpr int64_t kSizeMax = INT64_MAX;
   X(Int, forward, "RAILNET_FORWARD", 1, (0, 1),                                                                 \
     "PXN-style routing on TCP: a connection to a peer NIC on another rail leaves from this host's NIC on that "  \
     "rail when there is one (docs/design.md, Routes); 0: always from the device NCCL chose.")                    \
+  X(Int, doorbellDirect, "RAILNET_DOORBELL_DIRECT", 0, (0, 1),                                                  \
+    "1: railnet's GPU doorbells post straight to mlx5 NICs (kernels write the send queues' WQEs and ring their "  \
+    "doorbells: IBGDA) when every rank of a context can, else the descriptor ring; 0: always the ring. Not run on " \
+    "hardware yet, hence off by default (docs/decisions.md D73).")                                              \
   X(Int, gin, "RAILNET_GIN", 1, (0, 1),                                                                          \
     "1: the plugin exports NCCL's GIN proxy backend and RMA plugin (one-sided puts and signals for NCCL's "       \
     "device API, over railnet's transport); 0: its GIN/RMA tables report no device, so NCCL has no GIN from it.") \

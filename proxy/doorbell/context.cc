@@ -1,5 +1,7 @@
 #include "proxy/doorbell/context.h"
 
+#include "proxy/doorbell/mapped_memory.h"
+
 #include <cstdlib>
 #include <cstring>
 #include <string>
@@ -10,57 +12,6 @@
 #include "railnet/nccl/common.h"
 
 namespace railnet::doorbell {
-
-// Pinned host memory mapped into the GPU, zeroed; plain aligned host memory without a GPU.
-class MappedMemory {
- public:
-  MappedMemory(int cudaDevice, size_t bytes) : bytes_(bytes) {
-    if (cudaDevice >= 0) {
-      std::string why;
-      cuda_ = cuda::initDriver(&why);
-      if (cuda_ == nullptr) fail(ncclSystemError, "NET/railnet: doorbell: CUDA is unusable: %s", why.c_str());
-      cuda::CUdevice device = 0;
-      if (cuda_->cuDeviceGet(&device, cudaDevice) != cuda::CUDA_SUCCESS ||
-          cuda_->cuDevicePrimaryCtxRetain(&context_, device) != cuda::CUDA_SUCCESS) {
-        fail(ncclSystemError, "NET/railnet: doorbell: no CUDA device %d", cudaDevice);
-      }
-      device_ = device;
-      cuda_->cuCtxPushCurrent(context_);
-      const cuda::CUresult result = cuda_->cuMemHostAlloc(&data_, bytes, kPortable | kDeviceMap);
-      cuda::CUcontext popped = nullptr;
-      cuda_->cuCtxPopCurrent(&popped);
-      if (result != cuda::CUDA_SUCCESS) {
-        cuda_->cuDevicePrimaryCtxRelease(device_);
-        fail(ncclSystemError, "NET/railnet: doorbell: cuMemHostAlloc of %zu bytes: %s", bytes,
-             cuda_->errorText(result).c_str());
-      }
-    } else {
-      data_ = std::aligned_alloc(4096, (bytes + 4095) / 4096 * 4096);
-      if (data_ == nullptr) fail(ncclSystemError, "NET/railnet: doorbell: no memory for %zu bytes", bytes);
-    }
-    std::memset(data_, 0, bytes);
-  }
-  ~MappedMemory() {
-    if (cuda_ != nullptr) {
-      cuda_->cuMemFreeHost(data_);
-      cuda_->cuDevicePrimaryCtxRelease(device_);
-    } else {
-      std::free(data_);
-    }
-  }
-  MappedMemory(const MappedMemory&) = delete;
-  MappedMemory& operator=(const MappedMemory&) = delete;
-  void* data() const { return data_; }
-
- private:
-  static constexpr unsigned kPortable = 0x01;   // CU_MEMHOSTALLOC_PORTABLE
-  static constexpr unsigned kDeviceMap = 0x02;  // CU_MEMHOSTALLOC_DEVICEMAP
-  const cuda::DriverApi* cuda_ = nullptr;
-  cuda::CUcontext context_ = nullptr;
-  cuda::CUdevice device_ = 0;
-  void* data_ = nullptr;
-  size_t bytes_;
-};
 
 namespace {
 
@@ -96,21 +47,72 @@ Context::Context(Transport& transport, int dev, const UniqueId& id, BootstrapRoo
   view_.rank = rank;
   view_.nranks = nranks;
 
-  // The one-sided mesh: every rank's listen handle, gathered through the id's bootstrap.
-  std::vector<char> handle(NCCL_NET_HANDLE_MAXSIZE);
-  listen_ = std::make_unique<rma::RmaListen>(transport, dev, handle.data());
-  std::vector<std::vector<char>> handles = allGather(id, root, rank, nranks, handle, options.bootstrapTimeoutMs);
+  // The mlx5 direct path, when this rank can have it; whether the context uses it is decided with every rank.
+  std::string directWhy;
+  try {
+    direct_ = DirectPath::open(transport, dev, cudaDevice, rank, nranks, &directWhy);
+  } catch (const std::exception& error) {
+    directWhy = error.what();
+  }
+
+  // The one-sided mesh: every rank's listen handle (and direct-path offer), gathered through the id's bootstrap.
+  std::vector<char> blob(NCCL_NET_HANDLE_MAXSIZE);
+  listen_ = std::make_unique<rma::RmaListen>(transport, dev, blob.data());
+  const std::vector<char> offer = direct_ != nullptr ? direct_->offer() : DirectPath::notOffered(nranks);
+  blob.insert(blob.end(), offer.begin(), offer.end());
+  std::vector<std::vector<char>> blobs = allGather(id, root, rank, nranks, blob, options.bootstrapTimeoutMs);
+  std::vector<std::vector<char>> offers;
   std::vector<void*> handlePointers;
-  for (auto& entry : handles) handlePointers.push_back(entry.data());
+  for (auto& entry : blobs) {
+    offers.emplace_back(entry.begin() + NCCL_NET_HANDLE_MAXSIZE, entry.end());
+    handlePointers.push_back(entry.data());
+  }
+  connectDirect(offers, directWhy);
   comm_ = std::make_unique<rma::RmaComm>(*listen_, handlePointers.data(), nranks, rank);
+  rma::WindowKey signalKey;
+  if (direct_ != nullptr) signalKey = rma::WindowKey{direct_->signalKey().address, direct_->signalKey().key};
   signalWindow_ = comm_->registerWindow(view_.signals, options.signalCount * sizeof(uint64_t), NCCL_PTR_HOST, false,
-                                        0, -1);
+                                        0, -1, direct_ != nullptr ? &signalKey : nullptr);
+  agreeOnDirect();
+  view_.direct = direct_ != nullptr ? direct_->deviceView() : nullptr;
   engine_ = std::make_unique<Engine>(*comm_, view_.slots, view_.control, view_.capacity, std::vector<void*>{},
                                      signalWindow_, options.stallNs);
-  RN_INFO(NCCL_INIT, "NET/railnet: doorbell: rank %d of %d ready (%lu ring slots, %u signals, %s)", rank, nranks,
-          static_cast<unsigned long>(options.ringSlots), options.signalCount,
-          cudaDevice >= 0 ? "mapped into the GPU" : "host memory only");
+  RN_INFO(NCCL_INIT, "NET/railnet: doorbell: rank %d of %d ready (%lu ring slots, %u signals, %s, %s)", rank,
+          nranks, static_cast<unsigned long>(options.ringSlots), options.signalCount,
+          cudaDevice >= 0 ? "mapped into the GPU" : "host memory only",
+          direct_ != nullptr ? "kernels post to the NIC directly" : "kernels post to the ring");
   thread_ = std::thread([this] { run(); });
+}
+
+void Context::connectDirect(const std::vector<std::vector<char>>& offers, std::string why) {
+  if (direct_ != nullptr && DirectPath::allOffered(offers, &why)) {
+    try {
+      direct_->connect(offers, view_.signals, view_.signalCount * sizeof(uint64_t), &view_.control->error);
+      return;
+    } catch (const std::exception& error) {
+      why = error.what();
+    }
+  }
+  direct_.reset();
+  RN_INFO(NCCL_INIT, "NET/railnet: doorbell: rank %d's doorbells go through the descriptor ring (no mlx5 direct "
+          "path: %s)", view_.rank, why.c_str());
+}
+
+void Context::agreeOnDirect() {
+  if (direct_ == nullptr) return;
+  // Every rank announced its signal key with the signal window only if its direct path came up; one that did not
+  // makes every rank drop it, so kernels of one context never mix the two paths.
+  for (int peer = 0; peer < view_.nranks; ++peer) {
+    if (peer == view_.rank) continue;
+    rma::WindowKey key;
+    if (!comm_->peerKey(peer, signalWindow_, &key)) {
+      RN_WARN("NET/railnet: doorbell: rank %d's mlx5 direct path did not come up, so rank %d uses the descriptor "
+              "ring", peer, view_.rank);
+      direct_.reset();
+      return;
+    }
+    direct_->setRemoteSignals(peer, DirectKey{key.address, static_cast<uint32_t>(key.key), 1});
+  }
 }
 
 Context::~Context() {
@@ -127,13 +129,32 @@ void Context::run() {
       std::lock_guard<std::mutex> lock(engineMutex_);
       moved = engine_->progress();
     }
+    if (direct_ != nullptr) moved = direct_->poll() || moved;
     if (!moved) std::this_thread::yield();
   }
 }
 
 uint32_t Context::registerWindow(void* data, size_t bytes) {
   // Collective through the comm (which the engine thread keeps progressing); the engine learns it afterwards.
-  void* handle = comm_->registerWindow(data, bytes, memoryTypeOf(data), false, 0, -1);
+  const uint32_t index = windowCount_;
+  const int type = memoryTypeOf(data);
+  rma::WindowKey announce;
+  if (direct_ != nullptr) {
+    const DirectKey key = direct_->registerWindow(index, data, bytes, type);
+    announce = rma::WindowKey{key.address, key.key};
+  }
+  void* handle = comm_->registerWindow(data, bytes, type, false, 0, -1, direct_ != nullptr ? &announce : nullptr);
+  if (direct_ != nullptr) {
+    for (int peer = 0; peer < view_.nranks; ++peer) {
+      rma::WindowKey key;
+      if (peer == view_.rank) continue;
+      if (!comm_->peerKey(peer, handle, &key)) {
+        fail(ncclRemoteError, "NET/railnet: doorbell: rank %d registered window %u without a direct-path key", peer,
+             index);
+      }
+      direct_->setRemoteWindow(index, peer, DirectKey{key.address, static_cast<uint32_t>(key.key), 1});
+    }
+  }
   std::lock_guard<std::mutex> lock(engineMutex_);
   engine_->addWindow(handle);
   return windowCount_++;

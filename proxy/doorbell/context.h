@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "proxy/doorbell/bootstrap.h"
+#include "proxy/doorbell/direct.h"
 #include "proxy/doorbell/engine.h"
 #include "proxy/doorbell/ring.h"
 #include "proxy/rma/mesh.h"
@@ -37,6 +38,7 @@ struct DeviceView {
   uint32_t signalCount = 0;
   int32_t rank = 0;
   int32_t nranks = 0;
+  void* direct = nullptr;  // the mlx5 direct path's view (DirectPath::deviceView), nullptr: the ring
 };
 
 struct ContextOptions {
@@ -67,6 +69,10 @@ class Context {
 
  private:
   void run();
+  // After the all-gather: brings the direct path up when every rank offered it; else drops it, saying why.
+  void connectDirect(const std::vector<std::vector<char>>& offers, std::string why);
+  // After the signal window's registration: keeps the direct path only if every peer announced its signal key.
+  void agreeOnDirect();
 
   const int cudaDevice_;
   std::unique_ptr<MappedMemory> ringMemory_;
@@ -74,6 +80,7 @@ class Context {
   DeviceView view_;
   std::unique_ptr<rma::RmaListen> listen_;
   std::unique_ptr<rma::RmaComm> comm_;
+  std::unique_ptr<DirectPath> direct_;  // the mlx5 direct path when every rank has it (else the ring carries all)
   void* signalWindow_ = nullptr;
   std::mutex engineMutex_;  // the engine's window list changes under registration
   std::unique_ptr<Engine> engine_;

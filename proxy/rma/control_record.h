@@ -34,7 +34,7 @@ struct ControlRecord {
   uint32_t context = 0;        // put: the NCCL context it was issued on (diagnostics)
   uint64_t signalOffset = 0;   // byte offset of the 64-bit signal word in signalWindow
   uint64_t signalValue = 0;    // kAdd: the value added (kInc adds 1)
-  uint32_t flags = 0;          // kInlinePayload
+  uint32_t flags = 0;          // kInlinePayload (put), kWindowKey (window)
   uint32_t reserved = 0;
 };
 static_assert(sizeof(ControlRecord) == 64);
@@ -43,6 +43,8 @@ static_assert(sizeof(ControlRecord) == 64);
 // so it needs no payload receive (and no clear-to-send round trip). NCCL's inline puts (putValue, <= 8 bytes) and
 // small puts take this path.
 constexpr uint32_t kInlinePayload = 1;
+// A window record that carries its sender's key for the window: address in `offset`, key in `signalValue`.
+constexpr uint32_t kWindowKey = 2;
 constexpr size_t kControlMessageBytes = 4096;
 constexpr size_t kInlinePutBytes = kControlMessageBytes - sizeof(ControlRecord);
 

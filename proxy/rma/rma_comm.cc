@@ -86,6 +86,7 @@ struct Peer {
   int dataReceivesInFlight = 0;
   uint32_t expectedSequence = 0;
   std::unordered_map<uint32_t, uint64_t> windowSizes;  // the peer's size of each window id
+  std::unordered_map<uint32_t, WindowKey> windowKeys;  // what the peer announced with a window id, if anything
   std::string failure;
 };
 
@@ -128,7 +129,8 @@ RmaComm::~RmaComm() {
 
 // ---- windows -------------------------------------------------------------------------------------------------
 
-void* RmaComm::registerWindow(void* data, size_t size, int type, bool dmabuf, uint64_t dmabufOffset, int fd) {
+void* RmaComm::registerWindow(void* data, size_t size, int type, bool dmabuf, uint64_t dmabufOffset, int fd,
+                              const WindowKey* announce) {
   std::unique_lock<std::mutex> lock(mutex_);
   if (!failure_.empty()) fail(failureCode_, "NET/railnet: one-sided: registration on a failed comm: %s", failure_.c_str());
   if (data == nullptr && size > 0) fail(ncclInvalidArgument, "NET/railnet: one-sided: registration of NULL (%zu bytes)", size);
@@ -156,6 +158,11 @@ void* RmaComm::registerWindow(void* data, size_t size, int type, bool dmabuf, ui
     announcement->record.kind = RecordKind::kWindow;
     announcement->record.window = id;
     announcement->record.size = size;
+    if (announce != nullptr) {
+      announcement->record.flags |= kWindowKey;
+      announcement->record.offset = announce->address;
+      announcement->record.signalValue = announce->key;
+    }
     peer->outgoing.push_back(announcement);
   }
   void* handle = window.get();
@@ -183,6 +190,17 @@ void* RmaComm::registerWindow(void* data, size_t size, int type, bool dmabuf, ui
   RN_INFO(NCCL_NET, "NET/railnet: one-sided: rank %d registered window %u: %zu bytes of %s memory at %p", rank_, id, size,
           type == NCCL_PTR_CUDA ? "GPU" : "host", data);
   return handle;
+}
+
+bool RmaComm::peerKey(int rank, void* handle, WindowKey* key) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto window = windows_.find(handle);
+  if (window == windows_.end() || rank < 0 || rank >= nranks_) return false;
+  const auto& keys = peers_[static_cast<size_t>(rank)]->windowKeys;
+  auto found = keys.find(window->second->id);
+  if (found == keys.end()) return false;
+  *key = found->second;
+  return true;
 }
 
 void RmaComm::deregisterWindow(void* handle) {
@@ -456,6 +474,7 @@ void RmaComm::takeRecord(Peer& peer, const ControlRecord& record, const char* in
   if (std::string why = malformedReason(record); !why.empty()) return failPeer(peer, "malformed control record: " + why);
   if (record.kind == RecordKind::kWindow) {
     peer.windowSizes[record.window] = record.size;
+    if ((record.flags & kWindowKey) != 0) peer.windowKeys[record.window] = WindowKey{record.offset, record.signalValue};
     return;
   }
   if (record.kind != RecordKind::kPut) return failPeer(peer, "unexpected hello after setup");

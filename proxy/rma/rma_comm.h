@@ -48,6 +48,12 @@ struct PutArguments {
   uint64_t signalValue = 0;
 };
 
+// An opaque key a rank announces with a window (an address and a key, as a NIC names the window).
+struct WindowKey {
+  uint64_t address = 0;
+  uint64_t key = 0;
+};
+
 class RmaComm {
  public:
   // Collective: connects to every rank (itself included) through `listen`'s device and accepts every rank's
@@ -63,8 +69,13 @@ class RmaComm {
   // Collective, same order on every rank: registers [data, data + size) (NCCL_PTR_HOST or NCCL_PTR_CUDA) on every
   // data connection and learns every rank's size of this window. Returns the handle NCCL keeps (mhandle and
   // ginHandle). Throws railnet::Error.
-  void* registerWindow(void* data, size_t size, int type, bool dmabuf, uint64_t dmabufOffset, int fd);
+  // `announce` (optional): a key this rank's peers learn with the window (railnet's doorbells announce the
+  // window's NIC address and rkey for their mlx5 direct path); peerKey() reads the peers' afterwards.
+  void* registerWindow(void* data, size_t size, int type, bool dmabuf, uint64_t dmabufOffset, int fd,
+                       const WindowKey* announce = nullptr);
   void deregisterWindow(void* handle);
+  // What `rank` announced with window `handle` (registered on every rank); false when it announced nothing.
+  bool peerKey(int rank, void* handle, WindowKey* key) const;
 
   // Queues a put (and its signal). Returns ncclInvalidArgument, writing nothing, for a handle that is not a window
   // of this comm, a range outside the local or the target's window, or a signal word outside its window; the

@@ -55,7 +55,8 @@ QueuePairs::QueuePairs(std::shared_ptr<VerbsDevice> device, const QpOptions& opt
     attr.qp_state = IBV_QPS_INIT;
     attr.pkey_index = 0;
     attr.port_num = static_cast<uint8_t>(device_->port().port);
-    attr.qp_access_flags = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ;
+    attr.qp_access_flags = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ |
+                           (options_.remoteAtomics ? IBV_ACCESS_REMOTE_ATOMIC : 0);
     modify(api, qp, &attr, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS, "INIT");
   }
   active_ = count;

@@ -39,6 +39,7 @@ struct QpOptions {
   int retryCount = 7;
   int sendDepth = 512;  // work requests per QP
   int recvDepth = 512;
+  bool remoteAtomics = false;  // peers may run atomics on memory this QP's peer side exposes (IBV_ACCESS_REMOTE_ATOMIC)
 };
 
 class QueuePairs {

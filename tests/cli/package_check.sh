@@ -20,7 +20,8 @@ for symbol in ncclNetPlugin_v12 ncclNetPlugin_v8 ncclGinPlugin_v11 ncclRmaPlugin
   check "the plugin exports $symbol" "nm -D --defined-only \"\$so\" | grep -qw $symbol"
 done
 check "the plugin exports the doorbell API" "nm -D --defined-only \"\$so\" | grep -qw railnet_doorbell_init"
-for header in doorbell.h doorbell_device.cuh doorbell_layout.h host_device.h; do
+for header in doorbell.h doorbell_device.cuh doorbell_layout.h host_device.h doorbell_direct.h \
+  doorbell_direct_producer.h doorbell_direct_device.cuh mlx5_wqe.h; do
   check "it holds include/railnet/$header" "[ -f \"\$home/include/railnet/$header\" ]"
 done
 check "doorbell.h compiles as C from the tarball" \

@@ -1,4 +1,4 @@
-// railnet's mlx5 send WQEs (proxy/doorbell/mlx5_wqe.h) against rdma-core's own definitions: each WQE is built
+// railnet's mlx5 send WQEs (include/railnet/mlx5_wqe.h) against rdma-core's own definitions: each WQE is built
 // twice, once by railnet into a buffer full of garbage (0xa5) and once with <infiniband/mlx5dv.h>'s helpers
 // (mlx5dv_set_ctrl_seg, mlx5dv_set_data_seg) and structs filled with htobe* into a zeroed buffer, as
 // providers/mlx5/qp.c fills them; the first ds * 16 bytes must be identical, so railnet also writes every byte
@@ -15,7 +15,7 @@
 #include <string>
 #include <vector>
 
-#include "proxy/doorbell/mlx5_wqe.h"
+#include "railnet/mlx5_wqe.h"
 
 namespace mlx5 = railnet::doorbell::mlx5;
 

@@ -7,9 +7,9 @@
 //
 // NOT RUN ON HARDWARE: only compared with rdma-core's own helpers and structs, never posted to a real mlx5 NIC.
 //
-// proxy/doorbell/ holds railnet's own GPU doorbells. This file is the pure part: bytes of a WQE, of the doorbell
-// record and of the doorbell register write. Queue setup (DEVX QP/CQ, UAR mapping) and the device-side producer
-// are elsewhere.
+// Public because kernels include it (railnet/doorbell_device.cuh, the direct path of railnet/doorbell_direct.h).
+// This file is the pure part: bytes of a WQE, of the doorbell record and of the doorbell register write. Queue
+// setup (proxy/doorbell/direct.*) and the device-side producer (railnet/doorbell_direct_producer.h) are elsewhere.
 //
 // Ring and indices. The send queue (SQ) is a ring of `depth` (a power of two) 64-byte WQE basic blocks
 // (WQEBBs). The producer index `pi` counts WQEBBs, not WQEs, modulo 2^16: a WQE that starts at pi sits in slot
