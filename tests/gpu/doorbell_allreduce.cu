@@ -50,6 +50,7 @@
 #include <vector>
 
 #include "doorbell_allreduce_kernels.cuh"
+#include "doorbell_api_loader.h"
 
 #ifndef RAILNET_VERSION
 #define RAILNET_VERSION "unknown"
@@ -357,31 +358,12 @@ void agree(State mine) {
     if (r_ != 0) die("doorbell", fmt("%s returned %d", #call, r_));                             \
   } while (0)
 
-struct Api {
-  int (*getUniqueId)(railnet_doorbell_unique_id_t*);
-  int (*init)(const railnet_doorbell_unique_id_t*, int, int, int, railnet_doorbell_ctx_t**);
-  int (*registerWindow)(railnet_doorbell_ctx_t*, void*, size_t, uint32_t*);
-  int (*device)(railnet_doorbell_ctx_t*, railnet_doorbell_device_t*);
-  int (*error)(railnet_doorbell_ctx_t*, uint32_t*);
-  int (*finalize)(railnet_doorbell_ctx_t*);
-};
+using Api = DoorbellApi;
 
 Api loadApi() {
-  const char* path = getenv("RAILNET_PLUGIN");
-  void* library = dlopen(path != nullptr && *path ? path : "libnccl-net-railnet.so", RTLD_NOW | RTLD_LOCAL);
-  if (library == nullptr) die("dlopen", dlerror());
-  Api api{};
-  auto symbol = [&](const char* name) {
-    void* found = dlsym(library, name);
-    if (found == nullptr) die("dlsym", name);
-    return found;
-  };
-  api.getUniqueId = reinterpret_cast<decltype(api.getUniqueId)>(symbol("railnet_doorbell_get_unique_id"));
-  api.init = reinterpret_cast<decltype(api.init)>(symbol("railnet_doorbell_init"));
-  api.registerWindow = reinterpret_cast<decltype(api.registerWindow)>(symbol("railnet_doorbell_register"));
-  api.device = reinterpret_cast<decltype(api.device)>(symbol("railnet_doorbell_device"));
-  api.error = reinterpret_cast<decltype(api.error)>(symbol("railnet_doorbell_error"));
-  api.finalize = reinterpret_cast<decltype(api.finalize)>(symbol("railnet_doorbell_finalize"));
+  Api api;
+  std::string why;
+  if (!loadDoorbellApi(&api, &why)) die("the doorbell API", why.c_str());
   return api;
 }
 
