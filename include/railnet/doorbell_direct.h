@@ -41,8 +41,12 @@ struct alignas(64) DirectQueue {
 struct DirectKey {
   uint64_t address;
   uint32_t key;
-  uint32_t valid;  // 1 once registered: a kernel naming a window without it gets RAILNET_DOORBELL_BAD_DESCRIPTOR
+  uint32_t valid;  // 0: not registered (a kernel naming it gets RAILNET_DOORBELL_BAD_DESCRIPTOR), else kKey*Memory
 };
+inline constexpr uint32_t kKeyHostMemory = 1;
+// GPU memory: a put_signal into it reads the written bytes back before its atomic (the data and the signal word,
+// in host memory, reach different PCIe devices; the READ's response pushes the data ahead of it).
+inline constexpr uint32_t kKeyGpuMemory = 2;
 
 // What a kernel needs for the direct path; railnet_doorbell_device_t.direct points at one (mapped host memory).
 struct DirectView {

@@ -97,8 +97,11 @@ class DirectProducer {
   }
 
   // put_signal: the write's WQE(s) and the fetch-and-add reserved together and rung by one doorbell. An RC
-  // responder executes a QP's requests in order, so the atomic is applied after the write's data has been placed:
-  // what NVSHMEM's IBGDA put_signal relies on (no fence bit: fences order after earlier READs and atomics only).
+  // responder executes a QP's requests in order, but into GPU memory that is not enough: the data goes to the GPU
+  // and the atomic to the signal word in host memory, along different PCIe paths, so the signal could be seen
+  // first. For a target in GPU memory an RDMA READ of the write's last bytes goes between them, and the atomic
+  // carries the fence bit (it waits for the READ's response, which the responder sends only after the data it
+  // reads, and so the write before it, has reached the GPU).
   RAILNET_HOST_DEVICE int postWriteFetchAdd(int peer, uint32_t targetWindow, uint64_t targetOffset,
                                             uint32_t sourceWindow, uint64_t sourceOffset, uint64_t bytes,
                                             uint32_t signalIndex, uint64_t add) const {
@@ -146,6 +149,7 @@ class DirectProducer {
     mlx5::LocalBuffer source;
     mlx5::RemoteBuffer target;
     uint64_t bytes;
+    bool targetInGpuMemory;
   };
   struct FetchAdd {
     mlx5::LocalBuffer sink;
@@ -171,10 +175,11 @@ class DirectProducer {
     if (targetWindow >= view_.maxWindows || sourceWindow >= view_.maxWindows) return RAILNET_DOORBELL_BAD_DESCRIPTOR;
     const DirectKey source = view_.localWindows[sourceWindow];
     const DirectKey target = view_.remoteWindows[static_cast<uint64_t>(peer) * view_.maxWindows + targetWindow];
-    if (source.valid != 1 || target.valid != 1) return RAILNET_DOORBELL_BAD_DESCRIPTOR;
+    if (source.valid == 0 || target.valid == 0) return RAILNET_DOORBELL_BAD_DESCRIPTOR;
     write->source = {source.address + sourceOffset, source.key};
     write->target = {target.address + targetOffset, target.key};
     write->bytes = bytes;
+    write->targetInGpuMemory = target.valid == kKeyGpuMemory;
     return RAILNET_DOORBELL_OK;
   }
 
@@ -184,7 +189,7 @@ class DirectProducer {
     if (signalIndex >= signalCount_) return RAILNET_DOORBELL_BAD_DESCRIPTOR;
     const DirectKey signals = view_.remoteSignals[peer];
     const DirectKey sink = view_.atomicSink;
-    if (signals.valid != 1 || sink.valid != 1) return RAILNET_DOORBELL_BAD_DESCRIPTOR;
+    if (signals.valid == 0 || sink.valid == 0) return RAILNET_DOORBELL_BAD_DESCRIPTOR;
     fetchAdd->sink = {sink.address, sink.key};
     fetchAdd->target = {signals.address + static_cast<uint64_t>(signalIndex) * sizeof(uint64_t), signals.key};
     fetchAdd->add = add;
@@ -224,7 +229,9 @@ class DirectProducer {
   RAILNET_HOST_DEVICE int post(DirectQueue* queue, const Write* write, const FetchAdd* fetchAdd) const {
     const uint64_t writeWqes =
         write == nullptr ? 0 : write->bytes / kMaxWriteBytes + (write->bytes % kMaxWriteBytes != 0 ? 1 : 0);
-    const uint64_t n = writeWqes + (fetchAdd != nullptr ? 1 : 0);  // one WQEBB per WQE
+    // put_signal into GPU memory: a READ of the write's last (up to 8) bytes into the sink, then a fenced atomic.
+    const bool readBack = write != nullptr && fetchAdd != nullptr && write->targetInGpuMemory;
+    const uint64_t n = writeWqes + (readBack ? 1 : 0) + (fetchAdd != nullptr ? 1 : 0);  // one WQEBB per WQE
     const uint32_t depth = queue->depth;
     if (n > depth) return RAILNET_DOORBELL_BAD_DESCRIPTOR;  // never fits: they share one reservation
     if (const int failed = failure(queue); failed != RAILNET_DOORBELL_OK) return failed;  // reserve nothing then
@@ -246,8 +253,14 @@ class DirectProducer {
         mlx5::buildWrite(built.bytes, wqe, {write->source.address + offset, write->source.lkey},
                          {write->target.address + offset, write->target.rkey},
                          static_cast<uint32_t>(left < kMaxWriteBytes ? left : kMaxWriteBytes));
+      } else if (readBack && i == writeWqes) {
+        const uint64_t tail = write->bytes < 8 ? write->bytes : 8;
+        mlx5::buildRead(built.bytes, wqe, {fetchAdd->sink.address + 8, fetchAdd->sink.lkey},
+                        {write->target.address + write->bytes - tail, write->target.rkey}, static_cast<uint32_t>(tail));
       } else {
-        mlx5::buildFetchAdd(built.bytes, wqe, fetchAdd->sink, fetchAdd->target, fetchAdd->add);
+        const mlx5::Post fenced{wqe.wqeIndex, wqe.qpn,
+                                static_cast<uint8_t>(wqe.fmCeSe | (readBack ? mlx5::kCtrlFence : 0))};
+        mlx5::buildFetchAdd(built.bytes, fenced, fetchAdd->sink, fetchAdd->target, fetchAdd->add);
       }
       storeWqebb(mlx5::wqebbAt(queue->wqes, depth, static_cast<uint32_t>(index)), built);
       registerValue = mlx5::doorbellRegisterValue(reinterpret_cast<const mlx5::Ctrl*>(built.bytes));

@@ -49,6 +49,7 @@ namespace railnet::doorbell::mlx5 {
 inline constexpr uint8_t kOpcodeNop = 0x00;
 inline constexpr uint8_t kOpcodeRdmaWrite = 0x08;
 inline constexpr uint8_t kOpcodeRdmaWriteImm = 0x09;
+inline constexpr uint8_t kOpcodeRdmaRead = 0x10;
 inline constexpr uint8_t kOpcodeAtomicCs = 0x11;
 inline constexpr uint8_t kOpcodeAtomicFa = 0x12;
 
@@ -281,6 +282,13 @@ RAILNET_HOST_DEVICE inline uint32_t buildWrite(void* bb, const Post& post, Local
 RAILNET_HOST_DEVICE inline uint32_t buildWriteImm(void* bb, const Post& post, LocalBuffer source, RemoteBuffer target,
                                                   uint32_t bytes, uint32_t immediate) {
   return detail::buildRdmaWrite(bb, post, kOpcodeRdmaWriteImm, source, target, bytes, immediate);
+}
+
+// RDMA READ of `bytes` from the peer's `source` into local `sink`. Same layout as buildWrite (the provider builds
+// READ and WRITE alike): ctrl + raddr + data, one WQEBB.
+RAILNET_HOST_DEVICE inline uint32_t buildRead(void* bb, const Post& post, LocalBuffer sink, RemoteBuffer source,
+                                              uint32_t bytes) {
+  return detail::buildRdmaWrite(bb, post, kOpcodeRdmaRead, sink, source, bytes, 0);
 }
 
 // ds of an inline RDMA WRITE of `bytes`: ctrl + raddr + the inline segment.

@@ -28,6 +28,15 @@ int memoryTypeOf(const void* data) {
   return NCCL_PTR_HOST;
 }
 
+// A direct-path key as the one-sided comm announces it: the rkey in the low 32 bits of `key`, the memory kind
+// (DirectKey::valid) in the high 32.
+rma::WindowKey packKey(const DirectKey& key) {
+  return rma::WindowKey{key.address, static_cast<uint64_t>(key.valid) << 32 | key.key};
+}
+DirectKey unpackKey(const rma::WindowKey& key) {
+  return DirectKey{key.address, static_cast<uint32_t>(key.key), static_cast<uint32_t>(key.key >> 32)};
+}
+
 }  // namespace
 
 Context::Context(Transport& transport, int dev, const UniqueId& id, BootstrapRoot* root, int rank, int nranks,
@@ -70,7 +79,7 @@ Context::Context(Transport& transport, int dev, const UniqueId& id, BootstrapRoo
   connectDirect(offers, directWhy);
   comm_ = std::make_unique<rma::RmaComm>(*listen_, handlePointers.data(), nranks, rank);
   rma::WindowKey signalKey;
-  if (direct_ != nullptr) signalKey = rma::WindowKey{direct_->signalKey().address, direct_->signalKey().key};
+  if (direct_ != nullptr) signalKey = packKey(direct_->signalKey());
   signalWindow_ = comm_->registerWindow(view_.signals, options.signalCount * sizeof(uint64_t), NCCL_PTR_HOST, false,
                                         0, -1, direct_ != nullptr ? &signalKey : nullptr);
   agreeOnDirect();
@@ -111,7 +120,7 @@ void Context::agreeOnDirect() {
       direct_.reset();
       return;
     }
-    direct_->setRemoteSignals(peer, DirectKey{key.address, static_cast<uint32_t>(key.key), 1});
+    direct_->setRemoteSignals(peer, unpackKey(key));
   }
 }
 
@@ -141,7 +150,7 @@ uint32_t Context::registerWindow(void* data, size_t bytes) {
   rma::WindowKey announce;
   if (direct_ != nullptr) {
     const DirectKey key = direct_->registerWindow(index, data, bytes, type);
-    announce = rma::WindowKey{key.address, key.key};
+    announce = packKey(key);
   }
   void* handle = comm_->registerWindow(data, bytes, type, false, 0, -1, direct_ != nullptr ? &announce : nullptr);
   if (direct_ != nullptr) {
@@ -152,7 +161,7 @@ uint32_t Context::registerWindow(void* data, size_t bytes) {
         fail(ncclRemoteError, "NET/railnet: doorbell: rank %d registered window %u without a direct-path key", peer,
              index);
       }
-      direct_->setRemoteWindow(index, peer, DirectKey{key.address, static_cast<uint32_t>(key.key), 1});
+      direct_->setRemoteWindow(index, peer, unpackKey(key));
     }
   }
   std::lock_guard<std::mutex> lock(engineMutex_);

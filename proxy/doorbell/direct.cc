@@ -317,8 +317,8 @@ void DirectPath::connect(const std::vector<std::vector<char>>& offers, uint64_t*
     fail(ncclSystemError, "NET/railnet: doorbell direct path: registering the signal words for atomics: %s",
          std::strerror(err));
   }
-  s.signals = DirectKey{reinterpret_cast<uint64_t>(signals), s.signalRegion->rkey, 1};
-  s.view->atomicSink = DirectKey{reinterpret_cast<uint64_t>(base + sinkAt), s.sinkRegion->lkey, 1};
+  s.signals = DirectKey{reinterpret_cast<uint64_t>(signals), s.signalRegion->rkey, kKeyHostMemory};
+  s.view->atomicSink = DirectKey{reinterpret_cast<uint64_t>(base + sinkAt), s.sinkRegion->lkey, kKeyHostMemory};
   deviceView_ = s.view;  // cuMemHostAlloc'ed: the same address in the GPU (unified addressing)
   RN_INFO(NCCL_INIT, "NET/railnet: doorbell direct path: rank %d of %d posts to %s through %d queue pair(s), "
           "send queues mapped into GPU %d (not run on hardware)", s.rank, s.nranks, s.device->port().device.c_str(),
@@ -336,8 +336,9 @@ DirectKey DirectPath::registerWindow(uint32_t window, void* data, size_t bytes, 
   }
   std::unique_ptr<MemoryRegion> region = s.device->registerMemory(data, bytes, type);
   const auto* verbsRegion = static_cast<const verbs::VerbsRegion*>(region.get());
-  const DirectKey local{reinterpret_cast<uint64_t>(data), verbsRegion->lkey(), 1};
-  const DirectKey remote{reinterpret_cast<uint64_t>(data), verbsRegion->rkey(), 1};
+  const uint32_t memory = type == NCCL_PTR_HOST ? kKeyHostMemory : kKeyGpuMemory;
+  const DirectKey local{reinterpret_cast<uint64_t>(data), verbsRegion->lkey(), memory};
+  const DirectKey remote{reinterpret_cast<uint64_t>(data), verbsRegion->rkey(), memory};
   s.windows.push_back(std::move(region));
   s.view->localWindows[window] = local;
   return remote;

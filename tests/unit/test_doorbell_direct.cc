@@ -211,7 +211,7 @@ Parsed parse(const unsigned char* wqe) {
   p.remoteAddress = be64toh(raddr.raddr);
   p.rkey = be32toh(raddr.rkey);
   mlx5_wqe_data_seg data;
-  if (p.opcode == MLX5_OPCODE_RDMA_WRITE) {
+  if (p.opcode == MLX5_OPCODE_RDMA_WRITE || p.opcode == MLX5_OPCODE_RDMA_READ) {
     std::memcpy(&data, wqe + 32, sizeof(data));
   } else {
     mlx5_wqe_atomic_seg atomic;
@@ -606,6 +606,51 @@ TEST_CASE("direct producer: WQE bytes of each post, long writes split, zero-byte
   CHECK(world.doorbellRecord[1] == htobe32(4));
   CHECK(world.doorbellRegister == w.registerValue);
   CHECK(queue.rung == 0x10004);
+}
+
+TEST_CASE("direct producer: a put_signal into GPU memory reads its data back before a fenced atomic",
+          "[doorbell][direct]") {
+  World world;
+  world.remote[kPeer * kWindows + 1].valid = railnet::doorbell::kKeyGpuMemory;
+  const Producer producer = world.producer();
+  DirectQueue& queue = world.queue();
+  // Into the GPU window: WRITE, READ of its last 8 bytes into the sink's second word, then the fenced atomic.
+  REQUIRE(producer.postWriteFetchAdd(kPeer, 1, 0x40, 0, 0x80, 4096, 5, 7) == RAILNET_DOORBELL_OK);
+  CHECK(queue.reserved == 3);
+  const DirectKey target = world.remote[kPeer * kWindows + 1];
+  Parsed w = parse(world.slot(0));
+  CHECK(w.opcode == MLX5_OPCODE_RDMA_WRITE);
+  CHECK((w.flags & MLX5_WQE_CTRL_FENCE) == 0);
+  Parsed r = parse(world.slot(1));
+  CHECK(r.opcode == MLX5_OPCODE_RDMA_READ);
+  CHECK(r.index == 1);
+  CHECK(r.remoteAddress == target.address + 0x40 + 4096 - 8);
+  CHECK(r.rkey == target.key);
+  CHECK(r.length == 8);
+  CHECK(r.localAddress == world.view.atomicSink.address + 8);
+  CHECK(r.lkey == world.view.atomicSink.key);
+  Parsed a = parse(world.slot(2));
+  CHECK(a.opcode == MLX5_OPCODE_ATOMIC_FA);
+  CHECK((a.flags & MLX5_WQE_CTRL_FENCE) != 0);  // waits for the READ's response
+  CHECK((a.flags & MLX5_WQE_CTRL_CQ_UPDATE) != 0);
+  CHECK(a.add == 7);
+  CHECK(world.doorbellRegister == a.registerValue);
+  // A write shorter than 8 bytes reads back what it wrote; a write alone and a signal alone read nothing back.
+  REQUIRE(producer.postWriteFetchAdd(kPeer, 1, 0x40, 0, 0x80, 3, 5, 1) == RAILNET_DOORBELL_OK);
+  CHECK(queue.reserved == 6);
+  r = parse(world.slot(4));
+  CHECK(r.opcode == MLX5_OPCODE_RDMA_READ);
+  CHECK(r.length == 3);
+  CHECK(r.remoteAddress == target.address + 0x40);
+  REQUIRE(producer.postWrite(kPeer, 1, 0, 0, 0, 64) == RAILNET_DOORBELL_OK);
+  REQUIRE(producer.postFetchAdd(kPeer, 5, 1) == RAILNET_DOORBELL_OK);
+  CHECK(queue.reserved == 8);
+  CHECK((parse(world.slot(7)).flags & MLX5_WQE_CTRL_FENCE) == 0);
+  // Into host memory (the other window): no READ, no fence.
+  REQUIRE(producer.postWriteFetchAdd(kPeer, 0, 0, 0, 0, 64, 5, 1) == RAILNET_DOORBELL_OK);
+  CHECK(queue.reserved == 10);
+  CHECK(parse(world.slot(9)).opcode == MLX5_OPCODE_ATOMIC_FA);
+  CHECK((parse(world.slot(9)).flags & MLX5_WQE_CTRL_FENCE) == 0);
 }
 
 TEST_CASE("direct producer: a peer, window or signal it cannot name posts nothing", "[doorbell][direct]") {

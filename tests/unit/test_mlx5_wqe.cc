@@ -110,6 +110,7 @@ TEST_CASE("mlx5 constants equal rdma-core's", "[mlx5]") {
   CHECK(mlx5::kOpcodeNop == MLX5_OPCODE_NOP);
   CHECK(mlx5::kOpcodeRdmaWrite == MLX5_OPCODE_RDMA_WRITE);
   CHECK(mlx5::kOpcodeRdmaWriteImm == MLX5_OPCODE_RDMA_WRITE_IMM);
+  CHECK(mlx5::kOpcodeRdmaRead == MLX5_OPCODE_RDMA_READ);
   CHECK(mlx5::kOpcodeAtomicCs == MLX5_OPCODE_ATOMIC_CS);
   CHECK(mlx5::kOpcodeAtomicFa == MLX5_OPCODE_ATOMIC_FA);
   CHECK(mlx5::kCtrlCqUpdate == MLX5_WQE_CTRL_CQ_UPDATE);
@@ -273,6 +274,32 @@ TEST_CASE("mlx5 RDMA WRITE WQE equals rdma-core's", "[mlx5]") {
               ++cases;
             }
   CHECK(cases > 1000);
+}
+
+TEST_CASE("mlx5 RDMA READ WQE equals rdma-core's", "[mlx5]") {
+  // rdma-core's provider builds an RDMA READ as it builds a WRITE (ctrl, raddr of the peer's source, data of the
+  // local sink), with the READ opcode.
+  int cases = 0;
+  for (const uint16_t index : kWqeIndices)
+    for (const uint32_t qpn : kQpns)
+      for (const uint8_t flags : kFlags)
+        for (const uint64_t address : kAddresses)
+          for (const uint32_t bytes : {1u, 8u, 4096u}) {
+            const uint64_t remote = ~address & ~0x7ull;
+            const mlx5::Post post{index, qpn, flags};
+            Buffer ours = filled(kGarbage);
+            Buffer theirs = filled(0);
+            const uint32_t wqebbs = mlx5::buildRead(ours.bytes, post, {address, 0x1234}, {remote, 0x5678}, bytes);
+            rdmaCoreWrite(theirs.bytes, index, MLX5_OPCODE_RDMA_READ, qpn, flags, address, 0x1234, remote, 0x5678,
+                          bytes, 0);
+            const std::string diff = difference(ours.bytes, theirs.bytes, 48);
+            if (wqebbs != 1 || !diff.empty() || !untouched(ours, 48, kBufferBytes)) {
+              CAPTURE(index, qpn, +flags, address, bytes, wqebbs);
+              FAIL_CHECK("read: " << diff);
+            }
+            ++cases;
+          }
+  CHECK(cases > 100);
 }
 
 TEST_CASE("mlx5 zero-byte WRITE has no data segment", "[mlx5]") {
