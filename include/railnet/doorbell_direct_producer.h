@@ -14,8 +14,8 @@
 // Every call returns RAILNET_DOORBELL_OK or a code of railnet/doorbell.h: BAD_DESCRIPTOR for a peer, window or
 // signal it cannot name (nothing posted), the queue's `error` or the context's error word, or TIMEOUT when one of
 // its waits (room in the ring, its turn to ring) ran past `timeoutNs`. Once a post has reserved its WQEBBs, a
-// failure leaves them reserved and never rung: every later post to that peer then fails at its turn to ring too
-// (the queue is lost, as on a CQE error).
+// failure leaves them reserved and never rung: the queue is lost, as on a CQE error, and a post that timed out
+// marks it STALLED so that every later post to that peer fails at once.
 //
 // NOT RUN ON HARDWARE: checked on the host against a fake NIC and rdma-core's mlx5dv.h, never posted to a ConnectX.
 #pragma once
@@ -224,6 +224,17 @@ class DirectProducer {
     }
   }
 
+  // A post that gives up after reserving leaves its WQEBBs never rung, so no later post to the peer can ring
+  // either: after its own limit, it marks the queue STALLED so that they fail at once, as the ring reports a
+  // stalled producer. (A load then a store: an error the poller sets in between is overwritten, and the context's
+  // error word, which the poller sets too, still names it.)
+  RAILNET_HOST_DEVICE int abandon(DirectQueue* queue, int status) const {
+    if (status == RAILNET_DOORBELL_TIMEOUT && Memory::loadAcquireSystem(&queue->error) == 0) {
+      Memory::storeReleaseSystem(&queue->error, static_cast<uint32_t>(RAILNET_DOORBELL_STALLED));
+    }
+    return status;
+  }
+
   // The protocol of railnet/doorbell_direct.h for `write` (nullptr: none; else bytes > 0) then `fetchAdd`
   // (nullptr: none), in one reservation.
   RAILNET_HOST_DEVICE int post(DirectQueue* queue, const Write* write, const FetchAdd* fetchAdd) const {
@@ -240,7 +251,7 @@ class DirectProducer {
     const uint64_t start = Memory::fetchAddDevice(&queue->reserved, n);
     // 2. Room: the slots' previous WQEs have completed.
     int status = wait(queue, [&] { return start + n - Memory::loadAcquireSystem(&queue->completed) <= depth; });
-    if (status != RAILNET_DOORBELL_OK) return status;
+    if (status != RAILNET_DOORBELL_OK) return abandon(queue, status);
     // 3. The WQEs, each built in local memory and stored whole; every one asks for a CQE.
     uint64_t registerValue = 0;
     for (uint64_t i = 0; i < n; ++i) {
@@ -268,7 +279,7 @@ class DirectProducer {
     Memory::fenceSystem();  // the WQEs before any index that names them
     // 4. Doorbells in slot order: wait for the posts before this one to have rung theirs.
     status = wait(queue, [&] { return Memory::loadAcquireSystem(&queue->rung) == start; });
-    if (status != RAILNET_DOORBELL_OK) return status;
+    if (status != RAILNET_DOORBELL_OK) return abandon(queue, status);
     // 5. The record (the next free WQEBB), the register (this batch's last WQE), then the next producer's turn.
     Memory::storeReleaseSystem(queue->doorbellRecord + 1, mlx5::doorbellRecordValue(static_cast<uint16_t>(start + n)));
     Memory::fenceSystem();

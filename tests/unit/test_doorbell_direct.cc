@@ -736,13 +736,22 @@ TEST_CASE("direct producer: a NIC that never completes fills the ring, then post
   CHECK(queue.reserved == kDepth + 1);  // reserved, never written: the slot of WQEBB 0 still holds WQE 0
   CHECK(parse(world.slot(kDepth)).index == 0);
   CHECK(world.doorbellRecord[1] == htobe32(kDepth));
-  CHECK(quick.quietQueues() == RAILNET_DOORBELL_TIMEOUT);
-
-  // The NIC completes the first WQE: the next post has room but its turn to ring never comes (WQEBB 64 was
-  // reserved by the post that timed out and will never ring).
+  // WQEBB 64 will never ring, so the queue is marked STALLED: quiet and every later post say so at once, and
+  // reserve nothing, even after the NIC completes and there would be room.
+  CHECK(queue.error == RAILNET_DOORBELL_STALLED);
+  CHECK(quick.quietQueues() == RAILNET_DOORBELL_STALLED);
   std::atomic_ref<uint64_t>(queue.completed).store(2, std::memory_order_release);
-  CHECK(quick.postWrite(kPeer, 0, 0, 0, 0, 8) == RAILNET_DOORBELL_TIMEOUT);
+  CHECK(quick.postWrite(kPeer, 0, 0, 0, 0, 8) == RAILNET_DOORBELL_STALLED);
+  CHECK(queue.reserved == kDepth + 1);
   CHECK(queue.rung == kDepth);
+
+  // A post whose turn to ring never comes (an earlier post reserved and stopped) also gives up and marks it.
+  World jammed;
+  const Producer jammedProducer = jammed.producer(kShortNs);
+  jammed.queue().reserved = 1;  // WQEBB 0 reserved by a post that never wrote or rang it
+  CHECK(jammedProducer.postWrite(kPeer, 0, 0, 0, 0, 8) == RAILNET_DOORBELL_TIMEOUT);
+  CHECK(jammed.queue().error == RAILNET_DOORBELL_STALLED);
+  CHECK(jammed.queue().rung == 0);
 
   // A post waiting for room ends with the queue's error as soon as it is set, long before its own limit.
   World second;
