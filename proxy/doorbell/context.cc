@@ -107,20 +107,30 @@ void Context::connectDirect(const std::vector<std::vector<char>>& offers, std::s
           "path: %s)", view_.rank, why.c_str());
 }
 
+int Context::peerKeys(void* window, std::vector<DirectKey>* keys) const {
+  keys->assign(static_cast<size_t>(view_.nranks), DirectKey{});
+  for (int peer = 0; peer < view_.nranks; ++peer) {
+    rma::WindowKey key;
+    if (peer == view_.rank) continue;
+    if (!comm_->peerKey(peer, window, &key)) return peer;
+    (*keys)[static_cast<size_t>(peer)] = unpackKey(key);
+  }
+  return -1;
+}
+
 void Context::agreeOnDirect() {
   if (direct_ == nullptr) return;
   // Every rank announced its signal key with the signal window only if its direct path came up; one that did not
   // makes every rank drop it, so kernels of one context never mix the two paths.
+  std::vector<DirectKey> keys;
+  if (const int missing = peerKeys(signalWindow_, &keys); missing >= 0) {
+    RN_WARN("NET/railnet: doorbell: rank %d's mlx5 direct path did not come up, so rank %d uses the descriptor ring",
+            missing, view_.rank);
+    direct_.reset();
+    return;
+  }
   for (int peer = 0; peer < view_.nranks; ++peer) {
-    if (peer == view_.rank) continue;
-    rma::WindowKey key;
-    if (!comm_->peerKey(peer, signalWindow_, &key)) {
-      RN_WARN("NET/railnet: doorbell: rank %d's mlx5 direct path did not come up, so rank %d uses the descriptor "
-              "ring", peer, view_.rank);
-      direct_.reset();
-      return;
-    }
-    direct_->setRemoteSignals(peer, unpackKey(key));
+    if (peer != view_.rank) direct_->setRemoteSignals(peer, keys[static_cast<size_t>(peer)]);
   }
 }
 
@@ -154,14 +164,13 @@ uint32_t Context::registerWindow(void* data, size_t bytes) {
   }
   void* handle = comm_->registerWindow(data, bytes, type, false, 0, -1, direct_ != nullptr ? &announce : nullptr);
   if (direct_ != nullptr) {
+    std::vector<DirectKey> keys;
+    if (const int missing = peerKeys(handle, &keys); missing >= 0) {
+      fail(ncclRemoteError, "NET/railnet: doorbell: rank %d registered window %u without a direct-path key", missing,
+           index);
+    }
     for (int peer = 0; peer < view_.nranks; ++peer) {
-      rma::WindowKey key;
-      if (peer == view_.rank) continue;
-      if (!comm_->peerKey(peer, handle, &key)) {
-        fail(ncclRemoteError, "NET/railnet: doorbell: rank %d registered window %u without a direct-path key", peer,
-             index);
-      }
-      direct_->setRemoteWindow(index, peer, unpackKey(key));
+      if (peer != view_.rank) direct_->setRemoteWindow(index, peer, keys[static_cast<size_t>(peer)]);
     }
   }
   std::lock_guard<std::mutex> lock(engineMutex_);

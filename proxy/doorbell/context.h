@@ -73,6 +73,8 @@ class Context {
   void connectDirect(const std::vector<std::vector<char>>& offers, std::string why);
   // After the signal window's registration: keeps the direct path only if every peer announced its signal key.
   void agreeOnDirect();
+  // Every peer's direct-path key of `window` (keys[rank]); the first rank that announced none, or -1.
+  int peerKeys(void* window, std::vector<DirectKey>* keys) const;
 
   const int cudaDevice_;
   std::unique_ptr<MappedMemory> ringMemory_;

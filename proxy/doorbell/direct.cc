@@ -10,6 +10,7 @@
 #include "base/cuda_driver.h"
 #include "proxy/doorbell/mapped_memory.h"
 #include "proxy/doorbell/mlx5_cqe.h"
+#include "proxy/staging/copy_queue.h"
 #include "proxy/verbs/devices.h"
 #include "proxy/verbs/ibverbs_api.h"
 #include "proxy/verbs/queue_pairs.h"
@@ -79,11 +80,9 @@ struct CqReader {
 struct DirectPath::State {
   const verbs::IbvApi* api = nullptr;
   const Mlx5Api* mlx5 = nullptr;
-  const cuda::DriverApi* cuda = nullptr;
   int rank = 0;
   int nranks = 0;
-  int cudaDevice = -1;
-  cuda::CUcontext context = nullptr;  // the GPU's primary context, retained: registrations are made in it
+  std::unique_ptr<PrimaryContext> gpu;  // the registrations with CUDA are made in it
   std::shared_ptr<verbs::VerbsDevice> device;
   std::vector<std::unique_ptr<verbs::QueuePairs>> queuePairs;  // [nranks], none to itself
   std::vector<void*> sendQueues;  // [nranks]: the SQ's host address (the poller reads WQE sizes there)
@@ -100,43 +99,34 @@ struct DirectPath::State {
   std::vector<void*> registered;  // page ranges this path registered with CUDA
 
   ~State() {
-    if (cuda != nullptr && context != nullptr) {
-      cuda->cuCtxPushCurrent(context);
-      for (void* start : registered) cuda->cuMemHostUnregister(start);
-      cuda::CUcontext popped = nullptr;
-      cuda->cuCtxPopCurrent(&popped);
+    if (gpu != nullptr) {
+      staging::ContextScope scope(gpu->cuda(), gpu->context());
+      for (void* start : registered) gpu->cuda().cuMemHostUnregister(start);
     }
     windows.clear();
     if (signalRegion != nullptr) api->deregMr(signalRegion);
     if (sinkRegion != nullptr) api->deregMr(sinkRegion);
-    queuePairs.clear();
-    device.reset();
-    if (cuda != nullptr && context != nullptr) {
-      cuda::CUdevice handle = 0;
-      if (cuda->cuDeviceGet(&handle, cudaDevice) == cuda::CUDA_SUCCESS) cuda->cuDevicePrimaryCtxRelease(handle);
-    }
   }
 
   // Registers the pages around [host, host + bytes) with CUDA (`flags` beside DEVICEMAP | PORTABLE) and returns
   // the address kernels use for `host`. Pages some other registration already covers are used as they are.
   void* mapIntoGpu(void* host, size_t bytes, unsigned flags, const char* what) {
+    const cuda::DriverApi& cuda = gpu->cuda();
     const auto first = reinterpret_cast<uintptr_t>(host) & ~uintptr_t{4095};
     const auto end = (reinterpret_cast<uintptr_t>(host) + bytes + 4095) & ~uintptr_t{4095};
     auto* start = reinterpret_cast<void*>(first);
-    cuda->cuCtxPushCurrent(context);
-    cuda::CUresult result = cuda->cuMemHostRegister(
+    staging::ContextScope scope(cuda, gpu->context());
+    const cuda::CUresult result = cuda.cuMemHostRegister(
         start, end - first, flags | cuda::CU_MEMHOSTREGISTER_DEVICEMAP | cuda::CU_MEMHOSTREGISTER_PORTABLE);
-    if (result == cuda::CUDA_SUCCESS) registered.push_back(start);
-    cuda::CUdeviceptr mapped = reinterpret_cast<cuda::CUdeviceptr>(host);
-    if ((result == cuda::CUDA_SUCCESS || result == kAlreadyRegistered) && cuda->cuMemHostGetDevicePointer != nullptr) {
-      cuda::CUdeviceptr found = 0;
-      if (cuda->cuMemHostGetDevicePointer(&found, host, 0) == cuda::CUDA_SUCCESS) mapped = found;
-    }
-    cuda::CUcontext popped = nullptr;
-    cuda->cuCtxPopCurrent(&popped);
     if (result != cuda::CUDA_SUCCESS && result != kAlreadyRegistered) {
       fail(ncclSystemError, "NET/railnet: doorbell direct path: mapping %s (%zu bytes at %p) into GPU %d: %s", what,
-           bytes, host, cudaDevice, cuda->errorText(result).c_str());
+           bytes, host, gpu->device(), cuda.errorText(result).c_str());
+    }
+    if (result == cuda::CUDA_SUCCESS) registered.push_back(start);
+    cuda::CUdeviceptr mapped = reinterpret_cast<cuda::CUdeviceptr>(host);
+    if (cuda.cuMemHostGetDevicePointer != nullptr) {
+      cuda::CUdeviceptr found = 0;
+      if (cuda.cuMemHostGetDevicePointer(&found, host, 0) == cuda::CUDA_SUCCESS) mapped = found;
     }
     return reinterpret_cast<void*>(mapped);
   }
@@ -177,16 +167,12 @@ std::unique_ptr<DirectPath> DirectPath::open(const Transport& transport, int dev
     *why = "the context has no GPU";
     return nullptr;
   }
-  state->cuda = cuda::initDriver(why);
-  if (state->cuda == nullptr) return nullptr;
-  cuda::CUdevice gpu = 0;
-  if (state->cuda->cuDeviceGet(&gpu, cudaDevice) != cuda::CUDA_SUCCESS ||
-      state->cuda->cuDevicePrimaryCtxRetain(&state->context, gpu) != cuda::CUDA_SUCCESS) {
-    *why = "no CUDA device " + std::to_string(cudaDevice);
-    state->context = nullptr;
+  try {
+    state->gpu = std::make_unique<PrimaryContext>(cudaDevice);
+  } catch (const std::exception& error) {
+    *why = error.what();
     return nullptr;
   }
-  state->cudaDevice = cudaDevice;
   state->rank = rank;
   state->nranks = nranks;
   state->device = std::make_shared<verbs::VerbsDevice>(*state->api, *chosen);
@@ -256,7 +242,7 @@ void DirectPath::connect(const std::vector<std::vector<char>>& offers, uint64_t*
   const size_t remoteAt = localAt + kMaxWindows * sizeof(DirectKey);
   const size_t signalsAt = remoteAt + ranks * kMaxWindows * sizeof(DirectKey);
   const size_t sinkAt = (signalsAt + ranks * sizeof(DirectKey) + 63) / 64 * 64;
-  s.memory = std::make_unique<MappedMemory>(s.cudaDevice, sinkAt + 64);
+  s.memory = std::make_unique<MappedMemory>(s.gpu->device(), sinkAt + 64);
   auto* base = static_cast<char*>(s.memory->data());
   s.view = reinterpret_cast<DirectView*>(base);
   s.queues = reinterpret_cast<DirectQueue*>(base + queuesAt);
@@ -322,7 +308,7 @@ void DirectPath::connect(const std::vector<std::vector<char>>& offers, uint64_t*
   deviceView_ = s.view;  // cuMemHostAlloc'ed: the same address in the GPU (unified addressing)
   RN_INFO(NCCL_INIT, "NET/railnet: doorbell direct path: rank %d of %d posts to %s through %d queue pair(s), "
           "send queues mapped into GPU %d (not run on hardware)", s.rank, s.nranks, s.device->port().device.c_str(),
-          s.nranks - 1, s.cudaDevice);
+          s.nranks - 1, s.gpu->device());
 }
 
 DirectKey DirectPath::signalKey() const { return state_->signals; }

@@ -51,6 +51,7 @@
 
 #include "doorbell_allreduce_kernels.cuh"
 #include "doorbell_api_loader.h"
+#include "host_clock_text.h"
 
 #ifndef RAILNET_VERSION
 #define RAILNET_VERSION "unknown"
@@ -201,21 +202,6 @@ int gUp = -1;                    // ranks > 0: socket to rank 0
 std::vector<pid_t> gChildren;    // rank 0: pid of rank r at index r
 double gGraceS = 90;
 
-double wallS() {
-  timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
-std::string fmt(const char* f, ...) __attribute__((format(printf, 1, 2)));
-std::string fmt(const char* f, ...) {
-  char b[1024];
-  va_list ap;
-  va_start(ap, f);
-  vsnprintf(b, sizeof b, f, ap);
-  va_end(ap);
-  return b;
-}
 
 // Rank 0's end: closes the sockets (ranks blocked on a barrier see it and exit), waits for the ranks (a rank stuck
 // in a kernel or in NCCL is killed after a grace period), and exits with the worst code.

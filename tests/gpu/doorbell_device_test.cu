@@ -189,6 +189,16 @@ struct Rank {
   uint32_t seedOf(int rank, int phase) const { return 1000u * rank + phase; }
 };
 
+// After a phase's kernels (their reports in R.report[0] and [1]): PASS when neither reported an error and the
+// `bytes` at `offset` are the peer's pattern `seed`, followed by guard bytes left as they were.
+void judgeLanded(Rank& R, const char* name, uint64_t offset, uint64_t bytes, uint32_t seed, const char* wrongWhat) {
+  const Report& first = R.report->status != 0 ? R.report[0] : R.report[1];
+  const unsigned long long bad = first.status == 0 ? R.verify(offset, bytes, seed, kGuard) : 0;
+  std::string detail = statusText(first);
+  if (bad != 0) detail = std::to_string(bad) + " " + wrongWhat;
+  result(first.status == 0 && bad == 0, name, detail);
+}
+
 // put_signal at each size, both ranks at once; each verifies what the peer put, and the guard bytes after it.
 void checkSizes(Rank& R) {
   const uint64_t sizes[] = {0, 4, 4096, kMiB + 12, R.M - 8};
@@ -204,13 +214,9 @@ void checkSizes(Rank& R) {
     kPutSignalOne<<<1, 1, 0, R.stream>>>(R.view, R.window, R.M + targetOffset, sourceOffset, bytes, i + 1,
                                          R.timeoutNs, R.report);
     R.sync("put_signal");
-    const unsigned long long bad =
-        R.report->status == 0 ? R.verify(R.M + targetOffset, bytes, R.seedOf(peer, i), kGuard) : 0;
     char name[64];
     snprintf(name, sizeof name, "put_signal_%llu_bytes", static_cast<unsigned long long>(bytes));
-    std::string detail = statusText(*R.report);
-    if (bad != 0) detail = std::to_string(bad) + " bytes wrong (payload or guard)";
-    result(R.report->status == 0 && bad == 0, name, detail);
+    judgeLanded(R, name, R.M + targetOffset, bytes, R.seedOf(peer, i), "bytes wrong (payload or guard)");
     R.link.barrier();  // both verified before the next size overwrites
   }
 }
@@ -226,11 +232,7 @@ void checkWarpsAndBlocks(Rank& R) {
                                                     R.seedOf(gRank, 10), R.timeoutNs, R.report);
   kWaitSignal<<<1, 1, 0, R.stream>>>(R.view, kSigWarps, blocks, R.timeoutNs, R.report + 1, 9);
   R.sync("warps");
-  const bool ok = R.report->status == 0 && R.report[1].status == 0;
-  const unsigned long long bad = ok ? R.verify(R.M, total, R.seedOf(1 - gRank, 10), kGuard) : 0;
-  std::string detail = statusText(R.report->status != 0 ? R.report[0] : R.report[1]);
-  if (bad != 0) detail = std::to_string(bad) + " bytes wrong";
-  result(ok && bad == 0, "warp_puts_block_signals", detail);
+  judgeLanded(R, "warp_puts_block_signals", R.M, total, R.seedOf(1 - gRank, 10), "bytes wrong");
   R.link.barrier();
 }
 
@@ -262,12 +264,9 @@ void checkQuietOverwrite(Rank& R) {
                                            R.timeoutNs, R.report);
   kWaitSignal<<<1, 1, 0, R.stream>>>(R.view, kSigQuiet, 1, R.timeoutNs, R.report + 1, 9);
   R.sync("quiet");
-  const bool ok = R.report->status == 0 && R.report[1].status == 0;
   // What landed is the bytes before the overwrite: quiet waited until the put had taken them.
-  const unsigned long long bad = ok ? R.verify(R.M, bytes, R.seedOf(1 - gRank, 20), kGuard) : 0;
-  std::string detail = statusText(R.report->status != 0 ? R.report[0] : R.report[1]);
-  if (bad != 0) detail = std::to_string(bad) + " bytes differ from the bytes put before quiet";
-  result(ok && bad == 0, "quiet_then_overwrite", detail);
+  judgeLanded(R, "quiet_then_overwrite", R.M, bytes, R.seedOf(1 - gRank, 20),
+              "bytes differ from the bytes put before quiet");
   R.link.barrier();
 }
 

@@ -35,6 +35,7 @@
 #include <nccl_device.h>
 
 #include "gin_device_kernels.cuh"
+#include "host_clock_text.h"
 
 #include <errno.h>
 #include <signal.h>
@@ -99,21 +100,6 @@ struct Rank {
 
 Rank R;
 
-double wallS() {
-  timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
-std::string fmt(const char* f, ...) __attribute__((format(printf, 1, 2)));
-std::string fmt(const char* f, ...) {
-  char b[1024];
-  va_list ap;
-  va_start(ap, f);
-  vsnprintf(b, sizeof b, f, ap);
-  va_end(ap);
-  return b;
-}
 
 void result(bool ok, const std::string& name, const std::string& why) {
   if (ok) {
