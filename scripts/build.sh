@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Configures (once) and builds a railnet build directory.
+# Configures (once; later calls apply the options they pass) and builds a railnet build directory.
 #   scripts/build.sh [BUILD_DIR] [extra meson setup options...]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -7,5 +7,8 @@ build_dir=${1:-build}
 shift || true
 if [ ! -f "$build_dir/build.ninja" ]; then
   meson setup "$build_dir" "$@" >&2
+elif [ $# -gt 0 ]; then
+  # An existing build directory takes the options it is given now (a script's options may have changed).
+  meson configure "$build_dir" "$@" >&2
 fi
 ninja -C "$build_dir" >&2

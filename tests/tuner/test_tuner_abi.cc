@@ -1,7 +1,6 @@
 // Each tuner ABI version through dlopen of the real .so, as NCCL loads it: symbols, init, getCollInfo on a
 // NCCL-like table, finalize; bad calibration files, forced NCCL_ALGO/NCCL_PROTO and RAILNET_TUNER=off keep
 // NCCL's table; every call returns ncclSuccess.
-#define CATCH_CONFIG_MAIN
 #include <catch2/catch.hpp>
 
 #include <dlfcn.h>
