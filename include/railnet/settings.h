@@ -47,6 +47,9 @@ inline constexpr int64_t kSizeMax = INT64_MAX;
     "Helper threads in the process-wide pool that moves data-stream bytes; 0: min(2 x streams, cores, 16).")     \
   X(Int, tcpInlineBytes, "RAILNET_TCP_INLINE_BYTES", 65536, (0, kSizeMax),                                       \
     "Messages up to this size travel inline on the control connection, sent by the calling thread.")             \
+  X(Int, maxRecvs, "RAILNET_MAX_RECVS", 8, (1, 8) /* proxy/protocol/wire.h kMaxRecvs */,                        \
+    "Receives NCCL may group into one call (the devices' maxRecvs); 1: NCCL posts every receive on its own, "   \
+    "which turns multireceive aggregation off.")                                                                \
   X(Int, groupWaitUs, "RAILNET_GROUP_WAIT_US", 20, (0, 1000000),                                                \
     "Multireceive aggregation: a small send into a grouped receive (maxRecvs > 1) waits up to this long for the "\
     "group's other sends, so they travel as one transfer; 0 sends each member on its own.")                     \
@@ -96,6 +99,12 @@ inline constexpr int64_t kSizeMax = INT64_MAX;
     "A peer host that answers nothing, not even TCP keepalive probes, for about this long fails its "           \
     "connections. A live peer process never trips it, however long it is stopped or slow: its kernel answers "  \
     "the probes (a process that dies is noticed at once by its kernel's FIN/RST). 0 turns keepalive off.")       \
+  X(Int, watchdogMs, "RAILNET_WATCHDOG_MS", 10000, (0, 86400000),                                               \
+    "A request that moves no byte for this long gets one WARN naming the peer, the request, the bytes done and "  \
+    "when the last byte moved; it is not failed (a slow peer is not a dead one). 0: no reports.")                 \
+  X(String, dumpFile, "RAILNET_DUMP_FILE", "/tmp/railnet-dump.%p", (),                                            \
+    "Creating this file (%p: the process id) makes railnet log every open comm's state at WARN through NCCL's "  \
+    "logger, then delete the file; empty: no trigger.")                                                          \
   X(Int, strayTimeoutMs, "RAILNET_STRAY_TIMEOUT_MS", 10000, (1, kIntMax),                                        \
     "An accepted connection that has not sent a valid hello in this time is dropped and logged.")                \
   X(Enum, transport, "RAILNET_TRANSPORT", TransportChoice::kAuto,                                                \

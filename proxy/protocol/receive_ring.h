@@ -34,6 +34,12 @@ class PostedReceive {
   ReceiveBuffer& buffer(int index) { return buffers_[index]; }
   const ReceiveBuffer& buffer(int index) const { return buffers_[index]; }
   bool complete() const { return pendingBuffers_.load(std::memory_order_acquire) == 0; }
+  // Bytes in so far, over every buffer (the watchdog's measure of progress).
+  uint64_t receivedBytes() const {
+    uint64_t total = 0;
+    for (int i = 0; i < count_; ++i) total += buffers_[i].received.load(std::memory_order_relaxed);
+    return total;
+  }
 
  private:
   template <class Entry>
@@ -68,11 +74,27 @@ class ReceiveRing {
   uint32_t nextId() const { return nextId_; }
   bool full() const { return entries_[nextId_ % kEntries].inUse_; }
 
+  // Grouped receives (n > 1) posted so far and their buffers: what NCCL asked of multireceive (logged at close).
+  uint64_t groupedPosts() const { return groupedPosts_; }
+  uint64_t groupedMembers() const { return groupedMembers_; }
+
+  // Under the comm's lock: fn(Entry&) for each posted receive not yet finished (the watchdog's look, a dump).
+  template <class Fn>
+  void forEachPosted(Fn&& fn) {
+    for (Entry& entry : entries_) {
+      if (entry.inUse_) fn(entry);
+    }
+  }
+
   // irecv, under the comm's lock: fills the next entry and publishes it (release), so a helper thread may
   // place the first chunk right after; nullptr when every entry is in flight (answer "not yet").
   Entry* post(int n, void* const* data, const size_t* sizes, const int* tags) {
     Entry& entry = entries_[nextId_ % kEntries];
     if (entry.inUse_) return nullptr;
+    if (n > 1) {
+      ++groupedPosts_;
+      groupedMembers_ += static_cast<uint64_t>(n);
+    }
     entry.count_ = n;
     for (int i = 0; i < n; ++i) {
       ReceiveBuffer& buffer = entry.buffers_[i];
@@ -168,6 +190,8 @@ class ReceiveRing {
   }
 
  private:
+  uint64_t groupedPosts_ = 0;    // under the comm's lock
+  uint64_t groupedMembers_ = 0;  // under the comm's lock
   Entry entries_[kEntries];
   uint32_t nextId_ = 0;  // guarded by the comm's lock
 };

@@ -29,13 +29,12 @@ class RequestPool {
  public:
   // `prepare` runs once on each request, e.g. to point it at its comm.
   template <class Prepare>
-  RequestPool(size_t capacity, Prepare prepare) {
-    all_.reserve(capacity);
+  RequestPool(size_t capacity, Prepare prepare)
+      : all_(std::make_unique<Request[]>(capacity)), capacity_(capacity), busy_(capacity, false) {
     free_.reserve(capacity);
-    for (size_t i = 0; i < capacity; ++i) {
-      all_.push_back(std::make_unique<Request>());
-      prepare(*all_.back());
-      free_.push_back(all_.back().get());
+    for (size_t i = capacity; i-- > 0;) {
+      prepare(all_[i]);
+      free_.push_back(&all_[i]);
     }
   }
 
@@ -44,14 +43,27 @@ class RequestPool {
     if (free_.empty()) return nullptr;
     Request* request = free_.back();
     free_.pop_back();
+    busy_[static_cast<size_t>(request - all_.get())] = true;
     return request;
   }
-  void release(Request* request) { free_.push_back(request); }
-  size_t capacity() const { return all_.size(); }
+  void release(Request* request) {
+    busy_[static_cast<size_t>(request - all_.get())] = false;
+    free_.push_back(request);
+  }
+  size_t capacity() const { return capacity_; }
   size_t available() const { return free_.size(); }
+  // Calls fn(Request&) for each request handed out and not yet released (the watchdog's look).
+  template <class Fn>
+  void forEachInFlight(Fn&& fn) {
+    for (size_t i = 0; i < capacity_; ++i) {
+      if (busy_[i]) fn(all_[i]);
+    }
+  }
 
  private:
-  std::vector<std::unique_ptr<Request>> all_;
+  std::unique_ptr<Request[]> all_;  // one block: a request's index is its distance from the first
+  size_t capacity_;
+  std::vector<bool> busy_;
   std::vector<Request*> free_;
 };
 

@@ -5,6 +5,7 @@
 
 #include "railnet/error.h"
 #include "railnet/log.h"
+#include "railnet/text.h"
 
 namespace railnet::tcp {
 
@@ -28,10 +29,17 @@ TcpRecvComm::TcpRecvComm(Fd control, std::vector<Fd> data, const protocol::Socke
   ring_.prepare([this](RecvRequest& entry) { entry.setOwner(this); });
   streams_.start(this);
   openStreams_.store(streams_.count(), std::memory_order_release);
+  watchdog_.start(this);
 }
 
 TcpRecvComm::~TcpRecvComm() {
+  watchdog_.reset();
   streams_.stop();
+  if (ring_.groupedPosts() != 0) {
+    RN_INFO(NCCL_NET, "NET/railnet: receive comm from %s took %llu grouped receives of %llu buffers",
+            control_.peerName().c_str(), static_cast<unsigned long long>(ring_.groupedPosts()),
+            static_cast<unsigned long long>(ring_.groupedMembers()));
+  }
   if (telemetry_.pieces() != 0) {
     RN_INFO(NCCL_NET, "NET/railnet: receive comm from %s staged %s; %llu chunks waited for a busy landing slot",
             control_.peerName().c_str(), telemetry_.describe("copy up (landed to seen done)").c_str(),
@@ -67,6 +75,7 @@ ncclResult_t TcpRecvComm::irecv(int n, void** data, const size_t* sizes, const i
   // Published before the clear-to-send leaves: a helper thread may see the first chunk right after.
   entry->stagedBuffers.store(staged, std::memory_order_release);
   entry->serial = ++receives_;
+  entry->watch.start(progress::WatchClock::now());
   ClearToSendEntry entries[kMaxRecvs];
   const FrameHeader header = Ring::clearToSend(*entry, recvId, 0, entries);
   for (int i = 0; i < n; ++i) {
@@ -180,7 +189,6 @@ ncclResult_t TcpRecvComm::testRequest(RecvRequest* request, int* done, int* size
     if (lock.owns_lock()) {
       pumpControl();
       pumpStaging();
-      reportIfStalled(request);
     }
     if (!request->complete()) {
       if (!peerGone()) return ncclSuccess;
@@ -190,6 +198,10 @@ ncclResult_t TcpRecvComm::testRequest(RecvRequest* request, int* done, int* size
   }
   *done = 1;
   std::lock_guard<std::mutex> lock(mutex_);
+  if (request->watch.reported()) {
+    progress::reportCompletedAfterStall("receive #" + std::to_string(request->serial) + " from " + control_.peerName(),
+                                        request->watch);
+  }
   return Ring::finish(*request, sizes);
 }
 
@@ -232,27 +244,67 @@ void TcpRecvComm::chunkReceived(const ChunkHeader& header) noexcept {
   }
 }
 
-void TcpRecvComm::reportIfStalled(const RecvRequest* request) {
-  if (!stallWatch_.due(request->serial)) return;
+std::string TcpRecvComm::describeReceive(const RecvRequest& request) const {
   std::string buffers;
-  const uint8_t staged = request->stagedBuffers.load(std::memory_order_relaxed);
-  if (idleReceivesExpected_.load(std::memory_order_relaxed)) {
-    size_t received = 0;
-    for (int i = 0; i < request->count(); ++i) received += request->buffer(i).received.load(std::memory_order_relaxed);
-    if (received == 0) return;  // a receive kept posted for a sender that has nothing to say yet
-  }
-  for (int i = 0; i < request->count(); ++i) {
-    const protocol::ReceiveBuffer& buffer = request->buffer(i);
+  const uint8_t staged = request.stagedBuffers.load(std::memory_order_relaxed);
+  for (int i = 0; i < request.count(); ++i) {
+    const protocol::ReceiveBuffer& buffer = request.buffer(i);
     buffers += " [" + std::to_string(i) + "] tag " + std::to_string(buffer.tag) + ((staged >> i & 1) != 0 ? " GPU" : " host") +
-               " " + std::to_string(buffer.received.load(std::memory_order_relaxed)) + " B in";
+               " " + std::to_string(buffer.received.load(std::memory_order_relaxed)) + " of " +
+               std::to_string(buffer.capacity) + " B";
   }
+  return textf("receive #%llu:%s", static_cast<unsigned long long>(request.serial), buffers.c_str());
+}
+
+std::string TcpRecvComm::stagingState() {
   int waiting = 0;
   for (int s = 0; s < streams_.count(); ++s) waiting += streams_[s].waitingForSlot() ? 1 : 0;
-  // Not an error: a slow sender looks the same. The report says what the receive waits for, should it never end.
-  RN_WARN("NET/railnet: a receive from %s has waited %lds:%s; %d of %d data streams hold a chunk for a busy "
-          "staging slot; %zu copies up in flight; landing ring: %s", control_.peerName().c_str(),
-          static_cast<long>(protocol::StallWatch::kAfter.count()), buffers.c_str(), waiting, streams_.count(), copyingUp_.size(),
-          landing_.describe().c_str());
+  return textf("%d of %d data streams hold a chunk for a busy staging slot; %zu copies up in flight; landing ring: %s",
+               waiting, streams_.count(), copyingUp_.size(), landing_.describe().c_str());
+}
+
+void TcpRecvComm::watch(progress::WatchClock::time_point now, std::chrono::milliseconds limit) noexcept {
+  std::unique_lock<std::mutex> lock(mutex_, std::try_to_lock);
+  if (!lock.owns_lock()) return;  // the data path is here: look next round
+  const bool idleExpected = idleReceivesExpected_.load(std::memory_order_relaxed);
+  ring_.forEachPosted([&](RecvRequest& request) {
+    if (request.complete()) return;  // done, not yet collected by test
+    const uint64_t received = request.receivedBytes();
+    // A receive kept posted for a sender that has nothing to say yet (GIN's control records) is not stalled.
+    if (idleExpected && received == 0) return;
+    switch (request.watch.look(received, now, limit)) {
+      case progress::ProgressMark::Verdict::kStalled:
+        // Not an error: a slow sender looks the same. The report says what the receive waits for.
+        RN_WARN("NET/railnet: watchdog: receive #%llu from %s has made no progress for %.1f s (%llu bytes in); it is "
+                "not failed; %s; %s", static_cast<unsigned long long>(request.serial), control_.peerName().c_str(),
+                progress::secondsSince(request.watch.since(), now),
+                static_cast<unsigned long long>(received), describeReceive(request).c_str(), stagingState().c_str());
+        break;
+      case progress::ProgressMark::Verdict::kResumed:
+        progress::reportMovesAgain("receive #" + std::to_string(request.serial) + " from " + control_.peerName(), request.watch);
+        break;
+      case progress::ProgressMark::Verdict::kQuiet: break;
+    }
+  });
+}
+
+void TcpRecvComm::describe(progress::WatchClock::time_point now, std::vector<std::string>* lines) noexcept {
+  std::unique_lock<std::mutex> lock(mutex_, std::try_to_lock);
+  if (!lock.owns_lock()) {
+    lines->push_back("TCP receive comm from " + control_.peerName() + ": busy (its lock is held), not described");
+    return;
+  }
+  size_t posted = 0;
+  ring_.forEachPosted([&](RecvRequest&) { ++posted; });
+  lines->push_back(textf("TCP receive comm from %s: %zu receives posted, %llu so far, %d data streams (%d open), "
+                         "control %s; %s", control_.peerName().c_str(), posted,
+                         static_cast<unsigned long long>(receives_), streams_.count(),
+                         openStreams_.load(std::memory_order_relaxed), peerGone() ? "closed or failed" : "ok",
+                         stagingState().c_str()));
+  ring_.forEachPosted([&](RecvRequest& request) {
+    lines->push_back(textf("  %s%s, last progress %.1f s ago", describeReceive(request).c_str(),
+                           request.complete() ? " (complete)" : "", progress::secondsSince(request.watch.since(), now)));
+  });
 }
 
 void TcpRecvComm::pumpStaging() {

@@ -14,7 +14,7 @@
 #include "proxy/protocol/control_channel.h"
 #include "proxy/protocol/receive_ring.h"
 #include "proxy/protocol/request_pool.h"
-#include "proxy/protocol/stall_watch.h"
+#include "proxy/progress/watchdog.h"
 #include "proxy/staging/landing_ring.h"
 #include "proxy/staging/telemetry.h"
 #include "proxy/tcp/data_streams.h"
@@ -29,10 +29,11 @@ class RecvRequest final : public protocol::CommRequest<TcpRecvComm, RecvRequest>
  public:
   // Bit i: buffer i is GPU memory, landed through staging. Set before the clear-to-send leaves.
   std::atomic<uint8_t> stagedBuffers{0};
-  uint64_t serial = 0;  // which receive this is (entries are reused): for the stall report; under the comm's lock
+  uint64_t serial = 0;            // which receive this is (entries are reused); under the comm's lock
+  progress::ProgressMark watch;  // the watchdog's; under the comm's lock
 };
 
-class TcpRecvComm final : public RecvComm, private StreamOwner {
+class TcpRecvComm final : public RecvComm, private StreamOwner, private progress::Watched {
  public:
   TcpRecvComm(Fd control, std::vector<Fd> data, const protocol::SocketAddress& peer, const NicLayout& layout = {});
   ~TcpRecvComm() override;
@@ -57,8 +58,12 @@ class TcpRecvComm final : public RecvComm, private StreamOwner {
   bool peerGone() const;
   // Copies landed pieces up and completes what they finish. Caller holds mutex_.
   void pumpStaging();
-  // A receive incomplete for 10 s gets one WARN with everything that could hold it (caller holds mutex_).
-  void reportIfStalled(const RecvRequest* request);
+  // The watchdog's look (proxy/progress/watchdog.h): a receive with no new byte for the limit gets one WARN with
+  // everything that could hold it.
+  void watch(progress::WatchClock::time_point now, std::chrono::milliseconds limit) noexcept override;
+  void describe(progress::WatchClock::time_point now, std::vector<std::string>* lines) noexcept override;
+  std::string describeReceive(const RecvRequest& request) const;  // holds mutex_
+  std::string stagingState();                               // holds mutex_
   // A chunk for a staged buffer: where in the landing slots, or retryLater() / nullptr (failure recorded).
   char* landStagedChunk(RecvRequest* entry, const protocol::ChunkHeader& header) noexcept;
 
@@ -88,8 +93,8 @@ class TcpRecvComm final : public RecvComm, private StreamOwner {
   std::vector<staging::LandingRing::LandedPiece> landedScratch_;  // guarded
   std::vector<uint64_t> finishedCopies_;                          // guarded
   uint64_t receives_ = 0;                                         // guarded: receives posted so far
-  protocol::StallWatch stallWatch_;                               // guarded
   std::atomic<bool> idleReceivesExpected_{false};                 // expectIdleReceives()
+  progress::WatchRegistration watchdog_;                          // last: reset first in the destructor
 };
 
 }  // namespace railnet::tcp

@@ -7,6 +7,7 @@
 #include "railnet/error.h"
 #include "railnet/log.h"
 #include "railnet/settings.h"
+#include "railnet/text.h"
 
 namespace railnet::tcp {
 
@@ -42,10 +43,12 @@ TcpSendComm::TcpSendComm(Fd control, std::vector<Fd> data, const protocol::Socke
   nics_ = std::clamp(static_cast<int>(layout.nics.size()), 1, std::max(1, streams_.count()));
   nics_ = std::min(nics_, kMaxStripeNics);
   minStripeBytes_ = layout.minStripeBytes;
-  streams_.start(this);  // last: helper threads may call stealChunk at once
+  streams_.start(this);  // helper threads may call stealChunk at once
+  watchdog_.start(this);
 }
 
 TcpSendComm::~TcpSendComm() {
+  watchdog_.reset();
   streams_.stop();
   if (held_.groupsCarried() != 0) {
     RN_INFO(NCCL_NET, "NET/railnet: send comm to %s carried %llu members of grouped receives in %llu writes",
@@ -159,6 +162,8 @@ ncclResult_t TcpSendComm::isend(void* data, size_t size, int tag, MemoryRegion* 
   }
   sendRequest->size_ = size;
   sendRequest->serial_ = ++sends_;
+  sendRequest->sentBytes_.store(0, std::memory_order_relaxed);
+  sendRequest->watch_.start(progress::WatchClock::now());
 
   const bool inlined = size == 0 || (size <= inlineBytes_ && !fromGpu && stagedPieceBytes == 0);
   if (mayInline && !inlined) controlShaping_.refund(size);  // its chunks draw from their streams' buckets
@@ -184,7 +189,7 @@ ncclResult_t TcpSendComm::isend(void* data, size_t size, int tag, MemoryRegion* 
   } else {
     const uint64_t chunk = chunkBytesFor(size);
     sendRequest->pendingChunks_.store(static_cast<int>((size + chunk - 1) / chunk), std::memory_order_relaxed);
-    enqueueChunks(ChunkTemplate{recvId, slot, size, 0, 0, &sendRequest->pendingChunks_, nullptr},
+    enqueueChunks(ChunkTemplate{recvId, slot, size, 0, 0, &sendRequest->pendingChunks_, nullptr, &sendRequest->sentBytes_},
                   static_cast<const char*>(data), 0, size, chunk, 0, 1);
   }
   *request = sendRequest;
@@ -211,7 +216,7 @@ void TcpSendComm::sendStriped(SendRequest* request, const char* data, uint64_t s
   }
   // Every chunk is counted before the first is queued: a worker may finish one at once.
   request->pendingChunks_.store(total, std::memory_order_relaxed);
-  const ChunkTemplate what{recvId, slot, size, 0, 0, &request->pendingChunks_, nullptr};
+  const ChunkTemplate what{recvId, slot, size, 0, 0, &request->pendingChunks_, nullptr, &request->sentBytes_};
   for (int i = 0; i < count; ++i) {
     enqueueChunks(what, data + stripes[i].offset, stripes[i].offset, stripes[i].bytes, chunkOf[i], stripes[i].nic,
                   nics_);
@@ -240,6 +245,7 @@ void TcpSendComm::enqueueChunks(const ChunkTemplate& what, const char* data, uin
     op.data = data + done;
     op.pending = what.pending;
     op.slotPending = what.slotPending;
+    op.sentBytes = what.sentBytes;
     streams_[best].enqueue(op);
   }
 }
@@ -275,7 +281,8 @@ int TcpSendComm::freeStagingSlot() {
 void TcpSendComm::queuePiece(const Piece& piece, const char* data, std::atomic<int>* slotPending) {
   const uint64_t chunk = chunkBytesFor(piece.bytes);
   if (slotPending != nullptr) slotPending->store(static_cast<int>((piece.bytes + chunk - 1) / chunk));
-  ChunkTemplate what{piece.recvId, piece.slot, piece.messageSize, 0, 0, &piece.request->pendingChunks_, slotPending};
+  ChunkTemplate what{piece.recvId, piece.slot, piece.messageSize, 0, 0, &piece.request->pendingChunks_, slotPending,
+                     &piece.request->sentBytes_};
   if (piece.staged) {
     // Numbered as queued: every stream then carries staged pieces in order, which the receiver's landing ring
     // relies on (proxy/staging/landing_ring.h).
@@ -357,27 +364,27 @@ ncclResult_t TcpSendComm::testRequest(SendRequest* request, int* done, int* size
     *done = 1;
     if (sizes != nullptr) *sizes = static_cast<int>(request->size_);
     std::lock_guard<std::mutex> lock(mutex_);
+    if (request->watch_.reported()) {
+      progress::reportCompletedAfterStall("send #" + std::to_string(request->serial_) + " to " + control_.peerName(),
+                                          request->watch_);
+    }
     requests_.release(request);
     return ncclSuccess;
   }
   // No socket reads here: chunks are written by helper threads, which notice a vanished receiver, and
   // clear-to-sends are read when isend needs one. Polling stays a pair of atomic loads, unless pieces wait for
   // the copy engines or for a staging slot: then this thread moves them on.
-  // Every 4096th unfinished poll also times the send for a stall report: the clock stays off the hot path.
-  const bool timeIt = (testsUnfinished_.fetch_add(1, std::memory_order_relaxed) & 4095) == 0;
-  if (stagingWork_.load(std::memory_order_acquire) || held_.anyHeld() || timeIt) {
+  if (stagingWork_.load(std::memory_order_acquire) || held_.anyHeld()) {
     std::unique_lock<std::mutex> lock(mutex_, std::try_to_lock);
     if (lock.owns_lock()) {
       if (held_.due()) flushHeld();
       pumpStaging();
-      if (timeIt) reportIfStalled(request);
     }
   }
   return control_.failed() ? control_.reportFailure() : ncclSuccess;
 }
 
-void TcpSendComm::reportIfStalled(const SendRequest* request) {
-  if (!stallWatch_.due(request->serial_)) return;
+std::string TcpSendComm::stagingState() {
   std::string slots;
   for (int i = 0; i < staging_.slots(); ++i) {
     slots += " [" + std::to_string(i) + "] " + (slotCopying_[static_cast<size_t>(i)] ? "copying" : "") +
@@ -385,12 +392,54 @@ void TcpSendComm::reportIfStalled(const SendRequest* request) {
   }
   std::string queued;
   for (int s = 0; s < streams_.count(); ++s) queued += " " + std::to_string(streams_[s].queuedBytes());
-  RN_WARN("NET/railnet: a send of %lu bytes to %s has waited %lds with %d chunks unwritten; %zu pieces not started, "
-          "%zu being copied down (%d copies in flight), next piece number %u; slots:%s; bytes queued per stream:%s",
-          static_cast<unsigned long>(request->size_), control_.peerName().c_str(),
-          static_cast<long>(protocol::StallWatch::kAfter.count()), request->pendingChunks_.load(std::memory_order_relaxed),
-          pieces_.size(), copying_.size(), staging_.ready() ? staging_.copies().inFlight() : 0,
-          static_cast<unsigned>(nextPieceSeq_), slots.c_str(), queued.c_str());
+  return textf("%zu pieces not started, %zu being copied down (%d copies in flight), next piece number %u; slots:%s; "
+              "bytes queued per stream:%s", pieces_.size(), copying_.size(),
+              staging_.ready() ? staging_.copies().inFlight() : 0, static_cast<unsigned>(nextPieceSeq_),
+              slots.empty() ? " none" : slots.c_str(), queued.c_str());
+}
+
+void TcpSendComm::reportStalled(const SendRequest& request, progress::WatchClock::time_point now) {
+  RN_WARN("NET/railnet: watchdog: send #%llu of %llu bytes to %s has made no progress for %.1f s (%llu bytes written, "
+          "%d chunks left); it is not failed; %s", static_cast<unsigned long long>(request.serial_),
+          static_cast<unsigned long long>(request.size_), control_.peerName().c_str(),
+          progress::secondsSince(request.watch_.since(), now),
+          static_cast<unsigned long long>(request.sentBytes_.load(std::memory_order_relaxed)),
+          request.pendingChunks_.load(std::memory_order_relaxed), stagingState().c_str());
+}
+
+void TcpSendComm::watch(progress::WatchClock::time_point now, std::chrono::milliseconds limit) noexcept {
+  std::unique_lock<std::mutex> lock(mutex_, std::try_to_lock);
+  if (!lock.owns_lock()) return;  // the data path is here: look next round
+  requests_.forEachInFlight([&](SendRequest& request) {
+    if (request.pendingChunks_.load(std::memory_order_acquire) == 0) return;  // done, not yet collected by test
+    switch (request.watch_.look(request.sentBytes_.load(std::memory_order_relaxed), now, limit)) {
+      case progress::ProgressMark::Verdict::kStalled: reportStalled(request, now); break;
+      case progress::ProgressMark::Verdict::kResumed:
+        progress::reportMovesAgain("send #" + std::to_string(request.serial_) + " to " + control_.peerName(), request.watch_);
+        break;
+      case progress::ProgressMark::Verdict::kQuiet: break;
+    }
+  });
+}
+
+void TcpSendComm::describe(progress::WatchClock::time_point now, std::vector<std::string>* lines) noexcept {
+  std::unique_lock<std::mutex> lock(mutex_, std::try_to_lock);
+  if (!lock.owns_lock()) {
+    lines->push_back("TCP send comm to " + control_.peerName() + ": busy (its lock is held), not described");
+    return;
+  }
+  lines->push_back(textf("TCP send comm to %s: %zu of %zu requests in flight, %llu sends so far, %d data streams, "
+                        "control %s; %s", control_.peerName().c_str(), requests_.capacity() - requests_.available(),
+                        requests_.capacity(), static_cast<unsigned long long>(sends_), streams_.count(),
+                        control_.failed() ? "failed" : "ok", stagingState().c_str()));
+  requests_.forEachInFlight([&](SendRequest& request) {
+    lines->push_back(textf("  send #%llu: %llu of %llu bytes written, %d chunks left, last progress %.1f s ago",
+                          static_cast<unsigned long long>(request.serial_),
+                          static_cast<unsigned long long>(request.sentBytes_.load(std::memory_order_relaxed)),
+                          static_cast<unsigned long long>(request.size_),
+                          request.pendingChunks_.load(std::memory_order_relaxed),
+                          progress::secondsSince(request.watch_.since(), now)));
+  });
 }
 
 bool TcpSendComm::stealChunk(int thief, SendOp* out) noexcept {

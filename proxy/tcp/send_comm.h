@@ -15,7 +15,7 @@
 #include "proxy/protocol/control_channel.h"
 #include "proxy/protocol/held_group.h"
 #include "proxy/protocol/request_pool.h"
-#include "proxy/protocol/stall_watch.h"
+#include "proxy/progress/watchdog.h"
 #include "proxy/staging/telemetry.h"
 #include "proxy/tcp/data_streams.h"
 #include "proxy/tcp/gpu_staging.h"
@@ -30,11 +30,13 @@ class SendRequest final : public protocol::CommRequest<TcpSendComm, SendRequest>
  private:
   friend class TcpSendComm;
   std::atomic<int> pendingChunks_{0};
+  std::atomic<uint64_t> sentBytes_{0};  // payload in the kernel's socket buffers so far (helper threads add)
   uint64_t size_ = 0;
-  uint64_t serial_ = 0;  // which send this is (requests are reused): for the stall report
+  uint64_t serial_ = 0;            // which send this is (requests are reused): for the watchdog's report
+  progress::ProgressMark watch_;  // guarded by the comm's mutex_
 };
 
-class TcpSendComm final : public SendComm, private StreamOwner {
+class TcpSendComm final : public SendComm, private StreamOwner, private progress::Watched {
  public:
   TcpSendComm(Fd control, std::vector<Fd> data, const protocol::SocketAddress& peer, NicLayout layout = {});
   ~TcpSendComm() override;
@@ -58,6 +60,7 @@ class TcpSendComm final : public SendComm, private StreamOwner {
     uint16_t pieceSeq = 0;
     std::atomic<int>* pending;
     std::atomic<int>* slotPending = nullptr;
+    std::atomic<uint64_t>* sentBytes = nullptr;
   };
   uint64_t chunkBytesFor(uint64_t bytes) const;
   // A fused device's send: planStripes over the NICs, each stripe chunked over its NIC's streams.
@@ -88,8 +91,12 @@ class TcpSendComm final : public SendComm, private StreamOwner {
   void queuePiece(const Piece& piece, const char* data, std::atomic<int>* slotPending);
   int freeStagingSlot();
   void warnIfStalled(int tag);
-  // A send not written out after 10 s gets one WARN with its pieces, copies, slots and streams (holds mutex_).
-  void reportIfStalled(const SendRequest* request);
+  // The watchdog's look (proxy/progress/watchdog.h): a send that wrote no byte for the limit gets one WARN with
+  // its pieces, copies, slots and streams.
+  void watch(progress::WatchClock::time_point now, std::chrono::milliseconds limit) noexcept override;
+  void describe(progress::WatchClock::time_point now, std::vector<std::string>* lines) noexcept override;
+  void reportStalled(const SendRequest& request, progress::WatchClock::time_point now);  // holds mutex_
+  std::string stagingState();  // holds mutex_
 
   char* resolveChunk(const ChunkHeader& header) noexcept override;
   void chunkReceived(const ChunkHeader& header) noexcept override;
@@ -141,8 +148,7 @@ class TcpSendComm final : public SendComm, private StreamOwner {
   std::atomic<bool> stagingWork_{false};            // pieces_ or copying_ hold something
   staging::StagingTelemetry telemetry_;             // guarded
   uint64_t sends_ = 0;                              // guarded: sends so far (SendRequest::serial_)
-  protocol::StallWatch stallWatch_;                 // guarded
-  std::atomic<uint32_t> testsUnfinished_{0};
+  progress::WatchRegistration watchdog_;  // last: reset first in the destructor
 };
 
 }  // namespace railnet::tcp

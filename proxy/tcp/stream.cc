@@ -202,6 +202,15 @@ uint64_t Stream::progressSend() {
       SendOp& front = sending_.front();
       uint64_t total = sizeof(ChunkHeader) + front.header.length;
       uint64_t take = std::min(left, total - sentOfFront_);
+      if (front.sentBytes != nullptr) {
+        // Payload bytes as they leave, a 128 MiB chunk included: the watchdog's measure of progress.
+        constexpr uint64_t kHeader = sizeof(ChunkHeader);
+        const uint64_t payloadBefore = sentOfFront_ > kHeader ? sentOfFront_ - kHeader : 0;
+        const uint64_t payloadAfter = sentOfFront_ + take > kHeader ? sentOfFront_ + take - kHeader : 0;
+        if (payloadAfter != payloadBefore) {
+          front.sentBytes->fetch_add(payloadAfter - payloadBefore, std::memory_order_relaxed);
+        }
+      }
       sentOfFront_ += take;
       left -= take;
       if (sentOfFront_ < total) break;

@@ -49,6 +49,7 @@ struct SendOp {
   const char* data;
   std::atomic<int>* pending;  // the request's chunks left; decremented once this chunk is in the kernel
   std::atomic<int>* slotPending = nullptr;  // chunks left in the staging slot `data` points into, if any
+  std::atomic<uint64_t>* sentBytes = nullptr;  // the request's payload written so far, partial chunks included
 };
 
 // What a data stream's helper did: counted in plain fields by that helper alone (no shared cache line on the

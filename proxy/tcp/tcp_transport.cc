@@ -67,7 +67,7 @@ class TcpTransport final : public Transport {
                        : netif.speedMbps > 0   ? netif.speedMbps
                        : netif.loopback        ? kLoopbackSpeedMbps
                                                : kUnknownSpeedMbps;
-      info.maxRecvs = protocol::kMaxRecvs;
+      info.maxRecvs = static_cast<int>(config.maxRecvs);  // 1..protocol::kMaxRecvs (settings table)
       info.maxComms = 65536;
       info.maxP2pBytes = NCCL_MAX_NET_SIZE_BYTES;
       // Listed addresses are emulated rails: rail = position in the list (topo/ may assign others later).
@@ -81,6 +81,7 @@ class TcpTransport final : public Transport {
     }
     // The settings table holds every range (include/railnet/settings.h); values arrive validated.
     static_assert(protocol::kMaxStreams == 64, "RAILNET_TCP_STREAMS allows 1..64 in include/railnet/settings.h");
+    static_assert(protocol::kMaxRecvs == 8, "RAILNET_MAX_RECVS allows 1..8 in include/railnet/settings.h");
     options_.streams = static_cast<int>(config.tcpStreams);
     options_.stream.bufferBytes = static_cast<int>(config.tcpSocketBufferBytes);
     options_.stream.notSentLowat = static_cast<int>(config.tcpNotSentLowat);

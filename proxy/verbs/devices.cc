@@ -137,6 +137,7 @@ DiscoveryOptions DiscoveryOptions::fromSettings() {
   options.hca = config.ibHca;
   options.gidIndex = static_cast<int>(config.ibGidIndex);   // -1..255 (settings table)
   options.family = static_cast<int>(config.ibAddrFamily);  // AF_INET or AF_INET6
+  options.maxRecvs = static_cast<int>(config.maxRecvs);    // 1..8 (settings table)
   return options;
 }
 
@@ -293,7 +294,7 @@ void probeDevice(const IbvApi& api, ibv_device* device, const topo::NameFilter& 
     info.speedMbps = speed;
     info.port = portNumber;
     info.maxComms = deviceAttr.max_qp > 0 ? deviceAttr.max_qp : 65536;
-    info.maxRecvs = 8;
+    info.maxRecvs = options.maxRecvs;
     info.maxP2pBytes = NCCL_MAX_NET_SIZE_BYTES;
     info.railId = filter.railId(name, portNumber);
     info.planeId = filter.planeId(name, portNumber);

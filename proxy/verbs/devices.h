@@ -68,6 +68,7 @@ struct DiscoveryOptions {
   std::string hca;                                  // RAILNET_IB_HCA (topo::NameFilter's NCCL_IB_HCA grammar)
   int gidIndex = -1;                                // RAILNET_IB_GID_INDEX
   int family = AF_INET;                             // RAILNET_IB_ADDR_FAMILY
+  int maxRecvs = 8;                                 // RAILNET_MAX_RECVS
   std::string sysfsRoot = "/sys/class/infiniband";  // tests point this at a fake tree
 
   static DiscoveryOptions fromSettings();  // the process-wide RAILNET_IB_* settings

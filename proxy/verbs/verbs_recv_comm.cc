@@ -5,6 +5,7 @@
 #include "railnet/error.h"
 #include "railnet/log.h"
 #include "railnet/settings.h"
+#include "railnet/text.h"
 
 namespace railnet::verbs {
 
@@ -27,6 +28,16 @@ VerbsRecvComm::VerbsRecvComm(std::vector<std::shared_ptr<VerbsDevice>> nics, int
     for (int qp = 0; qp < connection_.qps(path).created(); ++qp) {
       for (int i = 0; i < kNoticesPerQp; ++i) postNotice(path, qp, i);
     }
+  }
+  watchdog_.start(this);
+}
+
+VerbsRecvComm::~VerbsRecvComm() {
+  watchdog_.reset();
+  if (ring_.groupedPosts() != 0) {
+    RN_INFO(NCCL_NET, "NET/railnet: receive comm from %s took %llu grouped receives of %llu buffers",
+            connection_.control().peerName().c_str(), static_cast<unsigned long long>(ring_.groupedPosts()),
+            static_cast<unsigned long long>(ring_.groupedMembers()));
   }
 }
 
@@ -193,6 +204,8 @@ ncclResult_t VerbsRecvComm::irecv(int n, void** data, const size_t* sizes, const
   }
   const uint32_t recvId = ring_.nextId();
   VerbsRecvRequest* entry = ring_.post(n, data, sizes, tags);
+  entry->serial_ = ++receives_;
+  entry->watch_.start(progress::WatchClock::now());
   protocol::ClearToSendEntry entries[protocol::kMaxRecvs];
   const protocol::FrameHeader header = Ring::clearToSend(*entry, recvId, static_cast<uint16_t>(extraKeys), entries);
   for (int i = 0; i < n; ++i) {
@@ -339,7 +352,64 @@ ncclResult_t VerbsRecvComm::testRequest(VerbsRecvRequest* request, int* done, in
     }
   }
   *done = 1;
+  if (request->watch_.reported()) {
+    progress::reportCompletedAfterStall(
+        "receive #" + std::to_string(request->serial_) + " from " + connection_.control().peerName(), request->watch_);
+  }
   return Ring::finish(*request, sizes);
+}
+
+std::string VerbsRecvComm::describeReceive(const VerbsRecvRequest& request) const {
+  std::string buffers;
+  for (int i = 0; i < request.count(); ++i) {
+    const protocol::ReceiveBuffer& buffer = request.buffer(i);
+    buffers += " [" + std::to_string(i) + "] tag " + std::to_string(buffer.tag) + " " +
+               std::to_string(buffer.received.load(std::memory_order_relaxed)) + " of " +
+               std::to_string(buffer.capacity) + " B";
+  }
+  return textf("receive #%llu:%s", static_cast<unsigned long long>(request.serial_), buffers.c_str());
+}
+
+void VerbsRecvComm::watch(progress::WatchClock::time_point now, std::chrono::milliseconds limit) noexcept {
+  std::unique_lock<std::mutex> lock(mutex_, std::try_to_lock);
+  if (!lock.owns_lock()) return;  // the data path is here: look next round
+  const bool idleExpected = idleReceivesExpected_.load(std::memory_order_relaxed);
+  ring_.forEachPosted([&](VerbsRecvRequest& request) {
+    if (request.complete()) return;  // done, not yet collected by test
+    const uint64_t received = request.receivedBytes();
+    if (idleExpected && received == 0) return;  // kept posted for a sender with nothing to say (GIN)
+    switch (request.watch_.look(received, now, limit)) {
+      case progress::ProgressMark::Verdict::kStalled:
+        RN_WARN("NET/railnet: watchdog: receive #%llu from %s has made no progress for %.1f s (%llu bytes in); it is "
+                "not failed; %s", static_cast<unsigned long long>(request.serial_), connection_.control().peerName().c_str(),
+                progress::secondsSince(request.watch_.since(), now), static_cast<unsigned long long>(received),
+                describeReceive(request).c_str());
+        break;
+      case progress::ProgressMark::Verdict::kResumed:
+        progress::reportMovesAgain("receive #" + std::to_string(request.serial_) + " from " + connection_.control().peerName(), request.watch_);
+        break;
+      case progress::ProgressMark::Verdict::kQuiet: break;
+    }
+  });
+}
+
+void VerbsRecvComm::describe(progress::WatchClock::time_point now, std::vector<std::string>* lines) noexcept {
+  std::unique_lock<std::mutex> lock(mutex_, std::try_to_lock);
+  const std::string peer = connection_.control().peerName();
+  if (!lock.owns_lock()) {
+    lines->push_back("verbs receive comm from " + peer + ": busy (its lock is held), not described");
+    return;
+  }
+  size_t posted = 0;
+  ring_.forEachPosted([&](VerbsRecvRequest&) { ++posted; });
+  lines->push_back(textf("verbs receive comm from %s: %zu receives posted, %llu so far, %d paths, control %s",
+                         peer.c_str(), posted, static_cast<unsigned long long>(receives_), connection_.paths(),
+                         connection_.control().failed() ? "failed" : controlClosed_ ? "closed by the peer" : "ok"));
+  ring_.forEachPosted([&](VerbsRecvRequest& request) {
+    lines->push_back(textf("  %s%s, last progress %.1f s ago", describeReceive(request).c_str(),
+                           request.complete() ? " (complete)" : "",
+                           progress::secondsSince(request.watch_.since(), now)));
+  });
 }
 
 }  // namespace railnet::verbs

@@ -3,9 +3,11 @@
 // which lands in one of the small receive buffers posted here. test() polls the CQ: no helper threads.
 #pragma once
 
+#include <atomic>
 #include <mutex>
 #include <vector>
 
+#include "proxy/progress/watchdog.h"
 #include "proxy/protocol/receive_ring.h"
 #include "proxy/protocol/request_pool.h"
 #include "proxy/protocol/wire.h"
@@ -18,7 +20,11 @@ namespace railnet::verbs {
 class VerbsRecvComm;
 
 class VerbsRecvRequest final : public protocol::CommRequest<VerbsRecvComm, VerbsRecvRequest>, public protocol::PostedReceive {
-  // All its state is the posted receive's (protocol/receive_ring.h).
+  // Its transfer state is the posted receive's (protocol/receive_ring.h); these are the watchdog's.
+ private:
+  friend class VerbsRecvComm;
+  uint64_t serial_ = 0;            // which receive this is (entries are reused); under the comm's lock
+  progress::ProgressMark watch_;   // under the comm's lock
 };
 
 // An iflush in flight: done when its READ completes on the comm's loopback QP.
@@ -31,17 +37,23 @@ class VerbsFlushRequest final : public protocol::CommRequest<VerbsRecvComm, Verb
   std::string error_;     // non-empty: a READ failed
 };
 
-class VerbsRecvComm final : public RecvComm {
+class VerbsRecvComm final : public RecvComm, private progress::Watched {
  public:
   // nics: the device's NICs (one unless fused); peerNics: the sender's (PeerInfo::nicCount).
   VerbsRecvComm(std::vector<std::shared_ptr<VerbsDevice>> nics, int peerNics, protocol::Fd control,
                 const protocol::SocketAddress& peer, const QpOptions& options);
+  ~VerbsRecvComm() override;
 
   ncclResult_t irecv(int n, void** data, const size_t* sizes, const int* tags, MemoryRegion** mrs,
                      Request** request) noexcept override;
   ncclResult_t iflush(int n, void** data, const int* sizes, MemoryRegion** mrs, Request** request) noexcept override;
+  void expectIdleReceives() noexcept override { idleReceivesExpected_.store(true, std::memory_order_relaxed); }
 
  private:
+  // The watchdog's look (proxy/progress/watchdog.h): a receive with no new byte for the limit gets one WARN.
+  void watch(progress::WatchClock::time_point now, std::chrono::milliseconds limit) noexcept override;
+  void describe(progress::WatchClock::time_point now, std::vector<std::string>* lines) noexcept override;
+  std::string describeReceive(const VerbsRecvRequest& request) const;
   friend class protocol::CommRequest<VerbsRecvComm, VerbsFlushRequest>;
   friend class protocol::CommRequest<VerbsRecvComm, VerbsRecvRequest>;
   MemoryRegistrar& registrar() noexcept override { return connection_; }
@@ -79,6 +91,9 @@ class VerbsRecvComm final : public RecvComm {
   std::vector<std::unique_ptr<LoopbackFlush>> flush_;  // [NIC]
   std::vector<std::unique_ptr<LoopbackFlush>> retiredFlushes_;
   std::vector<VerbsFlushRequest> flushRequests_;
+  uint64_t receives_ = 0;                          // guarded by mutex_
+  std::atomic<bool> idleReceivesExpected_{false};  // expectIdleReceives()
+  progress::WatchRegistration watchdog_;           // last: reset first in the destructor
 };
 
 }  // namespace railnet::verbs

@@ -5,6 +5,7 @@
 #include "proxy/protocol/stripe_plan.h"
 #include "railnet/error.h"
 #include "railnet/log.h"
+#include "railnet/text.h"
 
 namespace railnet::verbs {
 namespace {
@@ -32,9 +33,11 @@ VerbsSendComm::VerbsSendComm(std::vector<std::shared_ptr<VerbsDevice>> nics, int
   ctsRegion_ = connection_.registerMemory(ctsBuffers_.data(), ctsBuffers_.size(), NCCL_PTR_HOST);
   // Posted before the QPs reach RTR, so no clear-to-send can arrive without a buffer.
   for (size_t i = 0; i < kClearToSendBuffers; ++i) postClearToSendBuffer(i);
+  watchdog_.start(this);
 }
 
 VerbsSendComm::~VerbsSendComm() {
+  watchdog_.reset();
   if (held_.groupsCarried() != 0) {
     RN_INFO(NCCL_NET, "NET/railnet: send comm to %s carried %llu members of grouped receives in %llu notices",
             connection_.control().peerName().c_str(), static_cast<unsigned long long>(held_.membersCarried()),
@@ -85,11 +88,15 @@ void VerbsSendComm::pollCompletions() {
       } else if ((completion.wr_id & kGroupWrTag) != 0) {
         // A group notice went out: every member it named is done.
         const int slot = static_cast<int>(completion.wr_id & ~kGroupWrTag);
-        for (VerbsSendRequest* member : groupRequests_[static_cast<size_t>(slot)]) --member->pendingStripes_;
+        for (VerbsSendRequest* member : groupRequests_[static_cast<size_t>(slot)]) {
+          --member->pendingStripes_;
+          ++member->completedStripes_;
+        }
         groupRequests_[static_cast<size_t>(slot)].clear();
         freeGroupNotices_.push_back(slot);
       } else if (completion.wr_id != 0) {
         auto* request = reinterpret_cast<VerbsSendRequest*>(completion.wr_id);
+        ++request->completedStripes_;
         if (--request->pendingStripes_ == 0 && request->eagerSlot_ >= 0) {
           freeEagerSlots_.push_back(request->eagerSlot_);
           request->eagerSlot_ = -1;
@@ -309,6 +316,9 @@ ncclResult_t VerbsSendComm::isend(void* data, size_t size, int tag, MemoryRegion
   }
   sendRequest->size_ = size;
   sendRequest->pendingStripes_ = 0;
+  sendRequest->completedStripes_ = 0;
+  sendRequest->serial_ = ++sends_;
+  sendRequest->watch_.start(progress::WatchClock::now());
   for (uint64_t& bytes : sendRequest->pathBytes_) bytes = 0;
   const char* bytes = static_cast<const char*>(data);
   const bool held = held_.holds(*found, size <= kGroupMemberBytes);
@@ -346,12 +356,58 @@ ncclResult_t VerbsSendComm::testRequest(VerbsSendRequest* request, int* done, in
       if (request->pathBytes_[path] != 0) connection_.counters(path).addSent(request->pathBytes_[path]);
     }
     if (sizes != nullptr) *sizes = static_cast<int>(request->size_);
+    if (request->watch_.reported()) {
+      progress::reportCompletedAfterStall(
+          "send #" + std::to_string(request->serial_) + " to " + connection_.control().peerName(), request->watch_);
+    }
     requests_.release(request);
     return ncclSuccess;
   }
   // A receiver that died leaves its QPs retrying for seconds; its closed control socket says so at once.
   if (!connection_.control().failed()) pumpControl();
   return connection_.control().failed() ? connection_.control().reportFailure() : ncclSuccess;
+}
+
+void VerbsSendComm::watch(progress::WatchClock::time_point now, std::chrono::milliseconds limit) noexcept {
+  std::unique_lock<std::mutex> lock(mutex_, std::try_to_lock);
+  if (!lock.owns_lock()) return;  // the data path is here: look next round
+  const std::string peer = connection_.control().peerName();
+  requests_.forEachInFlight([&](VerbsSendRequest& request) {
+    if (request.pendingStripes_ == 0) return;  // done, not yet collected by test
+    switch (request.watch_.look(request.completedStripes_, now, limit)) {
+      case progress::ProgressMark::Verdict::kStalled:
+        RN_WARN("NET/railnet: watchdog: send #%llu of %llu bytes to %s has made no progress for %.1f s (%llu work "
+                "requests completed, %d outstanding); it is not failed", static_cast<unsigned long long>(request.serial_),
+                static_cast<unsigned long long>(request.size_), peer.c_str(),
+                progress::secondsSince(request.watch_.since(), now),
+                static_cast<unsigned long long>(request.completedStripes_), request.pendingStripes_);
+        break;
+      case progress::ProgressMark::Verdict::kResumed:
+        progress::reportMovesAgain("send #" + std::to_string(request.serial_) + " to " + peer, request.watch_);
+        break;
+      case progress::ProgressMark::Verdict::kQuiet: break;
+    }
+  });
+}
+
+void VerbsSendComm::describe(progress::WatchClock::time_point now, std::vector<std::string>* lines) noexcept {
+  std::unique_lock<std::mutex> lock(mutex_, std::try_to_lock);
+  const std::string peer = connection_.control().peerName();
+  if (!lock.owns_lock()) {
+    lines->push_back("verbs send comm to " + peer + ": busy (its lock is held), not described");
+    return;
+  }
+  lines->push_back(textf("verbs send comm to %s: %zu of %zu requests in flight, %llu sends so far, %d paths, control %s",
+                         peer.c_str(), requests_.capacity() - requests_.available(), requests_.capacity(),
+                         static_cast<unsigned long long>(sends_), connection_.paths(),
+                         connection_.control().failed() ? "failed" : "ok"));
+  requests_.forEachInFlight([&](VerbsSendRequest& request) {
+    lines->push_back(textf("  send #%llu of %llu bytes: %llu work requests completed, %d outstanding, last progress "
+                           "%.1f s ago", static_cast<unsigned long long>(request.serial_),
+                           static_cast<unsigned long long>(request.size_),
+                           static_cast<unsigned long long>(request.completedStripes_), request.pendingStripes_,
+                           progress::secondsSince(request.watch_.since(), now)));
+  });
 }
 
 }  // namespace railnet::verbs

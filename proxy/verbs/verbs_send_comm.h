@@ -11,6 +11,7 @@
 #include "proxy/protocol/clear_to_send.h"
 #include "proxy/protocol/held_group.h"
 #include "proxy/protocol/request_pool.h"
+#include "proxy/progress/watchdog.h"
 #include "proxy/verbs/notice.h"
 #include "proxy/verbs/verbs_connection.h"
 #include "railnet/settings.h"
@@ -23,12 +24,15 @@ class VerbsSendRequest final : public protocol::CommRequest<VerbsSendComm, Verbs
  private:
   friend class VerbsSendComm;
   int pendingStripes_ = 0;  // guarded by the comm's mutex
+  uint64_t completedStripes_ = 0;  // guarded: the watchdog's measure of progress
+  uint64_t serial_ = 0;            // guarded: which send this is (requests are reused)
+  progress::ProgressMark watch_;   // guarded
   uint64_t size_ = 0;
   int eagerSlot_ = -1;  // the header slot a small message's SEND reads from, until it completes
   uint64_t pathBytes_[kMaxPaths] = {};  // payload per path, counted on its NIC when the request completes
 };
 
-class VerbsSendComm final : public SendComm {
+class VerbsSendComm final : public SendComm, private progress::Watched {
  public:
   // nics: the device's NICs (one unless fused); peerNics: the receiver's (PeerInfo::nicCount);
   // minStripeBytes: the fusion scheduler's threshold (RAILNET_FUSION_MIN_STRIPE_BYTES).
@@ -42,6 +46,9 @@ class VerbsSendComm final : public SendComm {
   friend class protocol::CommRequest<VerbsSendComm, VerbsSendRequest>;
   MemoryRegistrar& registrar() noexcept override { return connection_; }
   ncclResult_t testRequest(VerbsSendRequest* request, int* done, int* sizes) noexcept;
+  // The watchdog's look (proxy/progress/watchdog.h): a send with no completion for the limit gets one WARN.
+  void watch(progress::WatchClock::time_point now, std::chrono::milliseconds limit) noexcept override;
+  void describe(progress::WatchClock::time_point now, std::vector<std::string>* lines) noexcept override;
   // Reads clear-to-sends (and end-of-stream) from the control socket. Caller holds mutex_.
   void pumpControl();
   // Takes finished work off every path's CQ. Caller holds mutex_.
@@ -96,6 +103,8 @@ class VerbsSendComm final : public SendComm {
   uint64_t minStripeBytes_;
   uint64_t messages_ = 0;                             // guarded by mutex_; rotates the first path of each message
   uint32_t nextQp_[kMaxPaths] = {};                   // guarded by mutex_; per path
+  uint64_t sends_ = 0;                                // guarded by mutex_
+  progress::WatchRegistration watchdog_;              // last: reset first in the destructor
 };
 
 }  // namespace railnet::verbs

@@ -3,6 +3,10 @@
 #   RANKS          processes (default: number of GPUs)
 #   RANKS_PER_HOST ranks per fake host (default 1); rank r runs on its host's GPU r mod RANKS_PER_HOST (a block of
 #                  GPUs per fake host when there is a GPU per rank, else GPUs 0..RANKS_PER_HOST-1 shared)
+#   FAKE_NODES_SHARE_GPUS=1  every fake host uses GPUs 0..RANKS_PER_HOST-1 even when there is a GPU per rank. Real
+#                  nodes number their GPUs alike, and NCCL's PXN for send/recv looks for the local GPU with the peer
+#                  GPU's NVML index (src/graph/search.cc, ncclTopoGetNetDev): with a block of GPUs per fake host it
+#                  finds none, so alltoall and sendrecv never use PXN and NCCL never groups receives.
 set -euo pipefail
 
 if [ -z "${NCCL_LIB_DIR:-}" ]; then
@@ -32,7 +36,7 @@ mpirun_ranks() {
       # with fewer, every fake host shares GPUs 0..ranks-per-host-1.
       if [ "$1" -gt 1 ]; then
         export NCCL_TESTS_DEVICE=$((OMPI_COMM_WORLD_RANK % $1))
-        if [ "$2" -ge "$OMPI_COMM_WORLD_SIZE" ]; then
+        if [ "$2" -ge "$OMPI_COMM_WORLD_SIZE" ] && [ "$3" != 1 ]; then
           first=$(( OMPI_COMM_WORLD_RANK / $1 * $1 ))
           export CUDA_VISIBLE_DEVICES=$(seq -s, $first $((first + $1 - 1)))
         fi
@@ -40,7 +44,7 @@ mpirun_ranks() {
       # One GPU: every rank on it (their kernels time-slice: correctness only, no timings).
       [ "$2" -eq 1 ] && export NCCL_TESTS_DEVICE=0
       [ -n "${NCCL_DEBUG_FILE:-}" ] && export NCCL_DEBUG_FILE=${NCCL_DEBUG_FILE//\{rank\}/$OMPI_COMM_WORLD_RANK}
-      shift 2; exec "$@"' _ "${RANKS_PER_HOST:-1}" "$GPUS" "$@"
+      shift 3; exec "$@"' _ "${RANKS_PER_HOST:-1}" "$GPUS" "${FAKE_NODES_SHARE_GPUS:-0}" "$@"
 }
 
 # Environment that selects a transport: railnet (as users get it, tuner included), railnet-notuner, railnet-gpu

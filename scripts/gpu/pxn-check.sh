@@ -10,12 +10,17 @@
 #              #wrong 0; with routing or PXN on, no connection may cross rails (railnet's per-NIC counters).
 #   shaped     the same four variants on a shaped fabric (RAILNET_SHAPE_NIC_MBPS per rail, a spine at a quarter of
 #              it: docs/fabric-shaping.md), alltoall and sendrecv 1 MiB-256 MiB, -c 0: busbw per variant.
-#   aggregate  alltoall 8 B-64 MiB with multireceive aggregation on (RAILNET_GROUP_WAIT_US default) and off (0),
-#              NCCL's PXN on (PXN is what makes NCCL post grouped receives), 50 timed iterations; copies in the
-#              application's CUDA context (RAILNET_TCP_OWN_COPY_CONTEXT=0; AGG_OWN_CONTEXT=1 to not), since GPU
-#              memory on TCP is on and railnet's own context would make every small message wait 2.4 ms (D70).
+#   aggregate  alltoall 8 B-64 MiB, 50 timed iterations, NCCL's PXN on (PXN is what makes NCCL post grouped
+#              receives), with the fake nodes on the same GPU numbers (AGG_SHARE_GPUS=0 to not): aggregation on
+#              (RAILNET_MAX_RECVS=8, RAILNET_GROUP_WAIT_US=20), members sent one by one (GROUP_WAIT_US=0), and no
+#              grouped receives (RAILNET_MAX_RECVS=1). Copies in the application's CUDA context
+#              (RAILNET_TCP_OWN_COPY_CONTEXT=0; AGG_OWN_CONTEXT=1 to not, e.g. under MPS), since GPU memory on TCP
+#              is on and railnet's own context would make every small message wait 2.4 ms without MPS (D70).
+#              AGG_EXTRA adds variables to every run, e.g. NCCL_MAX_P2P_NCHANNELS=1: NCCL groups only receives
+#              of one channel that come through one remote proxy, and with two GPUs per node it spreads the two
+#              senders over different channels unless told to use one.
 # Summary: OUT/pxn-summary.txt; per run: stdout.log, nccl-rank<R>.log, rails.txt (scripts/gpu/rail_counters.py).
-# SHAPE_NIC_MBPS (default 25000) sets the rail rate of the shaped phase. Every run offers NCCL GPU memory
+# CORRECT_COLLS picks the correct phase's collectives. SHAPE_NIC_MBPS (default 25000) sets the rail rate of the shaped phase. Every run offers NCCL GPU memory
 # (RAILNET_TCP_GPU=1; PXN_GPU=0 to not): NCCL turns PXN on only where the net takes GPU memory.
 set -euo pipefail
 PLUGIN=$(realpath "$1"); TESTS=$(realpath "$2"); OUT=$(realpath -m "$3"); PHASES=${4:-correct shaped aggregate}
@@ -72,7 +77,7 @@ for phase in $PHASES; do
     correct)
       for variant in fwd1-pxn1 fwd0-pxn1 fwd1-pxn0 fwd0-pxn0; do
         judge=nocross; [ "$variant" = fwd0-pxn0 ] && judge=any
-        for coll in alltoall sendrecv all_reduce all_gather; do
+        for coll in ${CORRECT_COLLS:-alltoall sendrecv all_reduce all_gather}; do
           # shellcheck disable=SC2046
           run "$OUT/correct/$variant/$coll" "$judge" $(variant_env "$variant") -- \
             "$coll" -b 8 -e 64M -f 4 -g 1 -c 1 -w 1 -n 3
@@ -87,9 +92,25 @@ for phase in $PHASES; do
         done
       done ;;
     aggregate)
-      for wait in 20 0; do
-        run "$OUT/aggregate/group-wait-$wait" nocross RAILNET_GROUP_WAIT_US=$wait RAILNET_TCP_GPU="${PXN_GPU:-1}" \
-          RAILNET_TCP_OWN_COPY_CONTEXT="${AGG_OWN_CONTEXT:-0}" -- alltoall -b 8 -e 64M -f 4 -g 1 -c 1 -w 5 -n 50
+      # Both fake nodes on GPUs 0 and 1 (env.sh, FAKE_NODES_SHARE_GPUS): the shape where NCCL's send/recv PXN, and
+      # with it grouped receives, can happen at all.
+      for variant in max-recvs-8 group-wait-0 max-recvs-1; do
+        case "$variant" in
+          max-recvs-8) agg_env=(RAILNET_MAX_RECVS=8 RAILNET_GROUP_WAIT_US=20) ;;
+          group-wait-0) agg_env=(RAILNET_MAX_RECVS=8 RAILNET_GROUP_WAIT_US=0) ;;
+          max-recvs-1) agg_env=(RAILNET_MAX_RECVS=1) ;;
+        esac
+        # shellcheck disable=SC2086
+        FAKE_NODES_SHARE_GPUS=${AGG_SHARE_GPUS:-1} run "$OUT/aggregate/$variant" nocross "${agg_env[@]}" ${AGG_EXTRA:-} \
+          NCCL_PXN_DISABLE=0 RAILNET_TCP_GPU="${PXN_GPU:-1}" RAILNET_TCP_OWN_COPY_CONTEXT="${AGG_OWN_CONTEXT:-0}" -- \
+          alltoall -b 8 -e 64M -f 4 -g 1 -c 1 -w 5 -n 50
+        # What NCCL posted (grouped receives and their buffers) and what railnet's senders held and carried together.
+        grep -h -o 'took [0-9]* grouped receives of [0-9]* buffers' "$OUT/aggregate/$variant"/nccl-rank*.log \
+          2>/dev/null | awk -v v="$variant" '{g += $2; b += $6} END {printf "  %s: NCCL posted %d grouped receives of %d buffers\n", v, g, b}' \
+          | tee -a "$summary" || true
+        grep -h -o 'carried [0-9]* members of grouped receives in [0-9]* [a-z]*' "$OUT/aggregate/$variant"/nccl-rank*.log \
+          2>/dev/null | awk -v v="$variant" '{m += $2; w += $8} END {printf "  %s: %d grouped members in %d transfers\n", v, m, w}' \
+          | tee -a "$summary" || true
       done ;;
     *) echo "unknown phase $phase" >&2; exit 2 ;;
   esac

@@ -34,3 +34,15 @@ TEST_CASE("a send pool covers NCCL's 32 receives of 8 buffers", "[pool]") {
   for (int i = 0; i < 32 * 8; ++i) REQUIRE(pool.acquire() != nullptr);
   CHECK(pool.available() == 32 * 8);
 }
+
+TEST_CASE("the pool walks exactly the requests in flight", "[pool]") {
+  railnet::protocol::RequestPool<FakeRequest> pool(6, [](FakeRequest&) {});
+  std::set<FakeRequest*> held;
+  for (int i = 0; i < 4; ++i) held.insert(pool.acquire());
+  FakeRequest* returned = *held.begin();
+  pool.release(returned);
+  held.erase(returned);
+  std::set<FakeRequest*> seen;
+  pool.forEachInFlight([&](FakeRequest& request) { seen.insert(&request); });
+  CHECK(seen == held);
+}

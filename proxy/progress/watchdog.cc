@@ -1,0 +1,151 @@
+#include "proxy/progress/watchdog.h"
+
+#include <pthread.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+
+#include "railnet/error.h"
+#include "railnet/log.h"
+#include "railnet/settings.h"
+
+namespace railnet::progress {
+namespace {
+
+std::mutex gWatchdogMutex;
+std::weak_ptr<Watchdog> gWatchdog;
+
+std::string expandPid(const std::string& pattern) {
+  std::string out;
+  for (size_t i = 0; i < pattern.size(); ++i) {
+    if (pattern[i] == '%' && i + 1 < pattern.size() && pattern[i + 1] == 'p') {
+      out += std::to_string(getpid());
+      ++i;
+    } else {
+      out += pattern[i];
+    }
+  }
+  return out;
+}
+
+// Several looks per limit, so a stall is reported within 1.25 x the limit; at least once a second for the dump
+// trigger, at most 50 times a second.
+std::chrono::milliseconds tickFor(std::chrono::milliseconds limit) {
+  if (limit.count() == 0) return std::chrono::seconds(1);
+  return std::clamp<std::chrono::milliseconds>(limit / 4, std::chrono::milliseconds(20), std::chrono::seconds(1));
+}
+
+}  // namespace
+
+double secondsSince(WatchClock::time_point then, WatchClock::time_point now) noexcept {
+  return std::chrono::duration<double>(now - then).count();
+}
+
+void reportMovesAgain(const std::string& what, const ProgressMark& mark) noexcept {
+  RN_WARN("NET/railnet: watchdog: %s moves again after a stall of %.1f s", what.c_str(),
+          std::chrono::duration<double>(mark.stalledFor()).count());
+}
+
+void reportCompletedAfterStall(const std::string& what, const ProgressMark& mark) noexcept {
+  RN_WARN("NET/railnet: watchdog: %s completed after a stall of %.1f s", what.c_str(),
+          secondsSince(mark.since(), WatchClock::now()));
+}
+
+std::shared_ptr<Watchdog> Watchdog::acquire() {
+  std::lock_guard<std::mutex> lock(gWatchdogMutex);
+  std::shared_ptr<Watchdog> watchdog = gWatchdog.lock();
+  if (!watchdog) {
+    const Settings& config = settings();
+    watchdog = std::make_shared<Watchdog>(std::chrono::milliseconds(config.watchdogMs), expandPid(config.dumpFile));
+    gWatchdog = watchdog;
+  }
+  return watchdog;
+}
+
+Watchdog::Watchdog(std::chrono::milliseconds limit, std::string dumpFile)
+    : limit_(limit), dumpFile_(std::move(dumpFile)) {
+  if (limit_.count() == 0 && dumpFile_.empty()) return;  // nothing to do: no thread
+  thread_ = std::thread([this] { run(); });
+  pthread_setname_np(thread_.native_handle(), "railnet-watch");
+  RN_INFO(NCCL_INIT | NCCL_NET, "NET/railnet: watchdog: requests with no progress for %lld ms are reported%s%s",
+          static_cast<long long>(limit_.count()), dumpFile_.empty() ? "" : "; state dump on creating ",
+          dumpFile_.c_str());
+}
+
+Watchdog::~Watchdog() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stop_ = true;
+  }
+  wake_.notify_all();
+  if (thread_.joinable()) thread_.join();
+}
+
+void Watchdog::add(Watched* watched) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  watched_.push_back(watched);
+}
+
+void Watchdog::remove(Watched* watched) {
+  // A round holds mutex_ throughout, so taking it waits for any round that may be inside `watched`.
+  std::lock_guard<std::mutex> lock(mutex_);
+  watched_.erase(std::remove(watched_.begin(), watched_.end(), watched), watched_.end());
+}
+
+void Watchdog::lookNow() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  lookLocked(WatchClock::now());
+}
+
+void Watchdog::run() {
+  std::unique_lock<std::mutex> lock(mutex_);
+  const auto tick = tickFor(limit_);
+  while (!stop_) {
+    wake_.wait_for(lock, tick, [this] { return stop_; });
+    if (stop_) break;
+    lookLocked(WatchClock::now());
+  }
+}
+
+void Watchdog::lookLocked(WatchClock::time_point now) {
+  if (limit_.count() > 0) {
+    for (Watched* watched : watched_) watched->watch(now, limit_);
+  }
+  dumpIfAsked(now);
+}
+
+void Watchdog::dumpIfAsked(WatchClock::time_point now) {
+  if (dumpFile_.empty() || dumpTriggerBroken_ || access(dumpFile_.c_str(), F_OK) != 0) return;
+  // Deleted first: a trigger created again while this dump runs asks for another one.
+  if (unlink(dumpFile_.c_str()) != 0) {
+    const int err = errno;
+    RN_WARN("NET/railnet: dump: cannot delete %s (%s): the trigger is off for this process, so a file that stays "
+            "cannot ask for a dump every second", dumpFile_.c_str(), errnoText(err).c_str());
+    dumpTriggerBroken_ = true;
+    return;
+  }
+  RN_WARN("NET/railnet: dump (asked by %s): %zu open comms", dumpFile_.c_str(), watched_.size());
+  std::vector<std::string> lines;
+  for (size_t i = 0; i < watched_.size(); ++i) {
+    lines.clear();
+    watched_[i]->describe(now, &lines);
+    for (const std::string& line : lines) RN_WARN("NET/railnet: dump [%zu] %s", i, line.c_str());
+  }
+  RN_WARN("NET/railnet: dump end");
+}
+
+void WatchRegistration::start(Watched* watched) {
+  reset();
+  watchdog_ = Watchdog::acquire();
+  watched_ = watched;
+  watchdog_->add(watched_);
+}
+
+void WatchRegistration::reset() noexcept {
+  if (!watchdog_) return;
+  watchdog_->remove(watched_);
+  watchdog_.reset();  // the last comm's reset stops the thread
+}
+
+}  // namespace railnet::progress
