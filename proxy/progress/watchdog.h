@@ -65,6 +65,18 @@ double secondsSince(WatchClock::time_point then, WatchClock::time_point now) noe
 void reportMovesAgain(const std::string& what, const ProgressMark& mark) noexcept;
 void reportCompletedAfterStall(const std::string& what, const ProgressMark& mark) noexcept;
 
+// One look at one request that has made `progress` so far: reportStalled() when a stall is due; the closing line,
+// naming the request by name(), when a reported request moves again.
+template <class Name, class ReportStalled>
+void lookAt(ProgressMark& mark, uint64_t progress, WatchClock::time_point now, std::chrono::milliseconds limit,
+            Name&& name, ReportStalled&& reportStalled) {
+  switch (mark.look(progress, now, limit)) {
+    case ProgressMark::Verdict::kStalled: reportStalled(); break;
+    case ProgressMark::Verdict::kResumed: reportMovesAgain(name(), mark); break;
+    case ProgressMark::Verdict::kQuiet: break;
+  }
+}
+
 // A comm the watchdog looks at. Both calls come from the watchdog thread and must not wait long: they take the
 // comm's lock with try_lock and skip this round when the data path holds it.
 class Watched {

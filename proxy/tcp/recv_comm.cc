@@ -272,19 +272,15 @@ void TcpRecvComm::watch(progress::WatchClock::time_point now, std::chrono::milli
     const uint64_t received = request.receivedBytes();
     // A receive kept posted for a sender that has nothing to say yet (GIN's control records) is not stalled.
     if (idleExpected && received == 0) return;
-    switch (request.watch.look(received, now, limit)) {
-      case progress::ProgressMark::Verdict::kStalled:
-        // Not an error: a slow sender looks the same. The report says what the receive waits for.
-        RN_WARN("NET/railnet: watchdog: receive #%llu from %s has made no progress for %.1f s (%llu bytes in); it is "
-                "not failed; %s; %s", static_cast<unsigned long long>(request.serial), control_.peerName().c_str(),
-                progress::secondsSince(request.watch.since(), now),
-                static_cast<unsigned long long>(received), describeReceive(request).c_str(), stagingState().c_str());
-        break;
-      case progress::ProgressMark::Verdict::kResumed:
-        progress::reportMovesAgain("receive #" + std::to_string(request.serial) + " from " + control_.peerName(), request.watch);
-        break;
-      case progress::ProgressMark::Verdict::kQuiet: break;
-    }
+    progress::lookAt(request.watch, received, now, limit,
+                     [&] { return "receive #" + std::to_string(request.serial) + " from " + control_.peerName(); },
+                     [&] {
+      // Not an error: a slow sender looks the same. The report says what the receive waits for.
+      RN_WARN("NET/railnet: watchdog: receive #%llu from %s has made no progress for %.1f s (%llu bytes in); it is "
+              "not failed; %s; %s", static_cast<unsigned long long>(request.serial), control_.peerName().c_str(),
+              progress::secondsSince(request.watch.since(), now),
+              static_cast<unsigned long long>(received), describeReceive(request).c_str(), stagingState().c_str());
+    });
   });
 }
 

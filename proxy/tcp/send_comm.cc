@@ -412,13 +412,11 @@ void TcpSendComm::watch(progress::WatchClock::time_point now, std::chrono::milli
   if (!lock.owns_lock()) return;  // the data path is here: look next round
   requests_.forEachInFlight([&](SendRequest& request) {
     if (request.pendingChunks_.load(std::memory_order_acquire) == 0) return;  // done, not yet collected by test
-    switch (request.watch_.look(request.sentBytes_.load(std::memory_order_relaxed), now, limit)) {
-      case progress::ProgressMark::Verdict::kStalled: reportStalled(request, now); break;
-      case progress::ProgressMark::Verdict::kResumed:
-        progress::reportMovesAgain("send #" + std::to_string(request.serial_) + " to " + control_.peerName(), request.watch_);
-        break;
-      case progress::ProgressMark::Verdict::kQuiet: break;
-    }
+    progress::lookAt(request.watch_, request.sentBytes_.load(std::memory_order_relaxed), now, limit,
+                     [&] { return "send #" + std::to_string(request.serial_) + " to " + control_.peerName(); },
+                     [&] {
+      reportStalled(request, now);
+    });
   });
 }
 

@@ -378,18 +378,14 @@ void VerbsRecvComm::watch(progress::WatchClock::time_point now, std::chrono::mil
     if (request.complete()) return;  // done, not yet collected by test
     const uint64_t received = request.receivedBytes();
     if (idleExpected && received == 0) return;  // kept posted for a sender with nothing to say (GIN)
-    switch (request.watch_.look(received, now, limit)) {
-      case progress::ProgressMark::Verdict::kStalled:
-        RN_WARN("NET/railnet: watchdog: receive #%llu from %s has made no progress for %.1f s (%llu bytes in); it is "
-                "not failed; %s", static_cast<unsigned long long>(request.serial_), connection_.control().peerName().c_str(),
-                progress::secondsSince(request.watch_.since(), now), static_cast<unsigned long long>(received),
-                describeReceive(request).c_str());
-        break;
-      case progress::ProgressMark::Verdict::kResumed:
-        progress::reportMovesAgain("receive #" + std::to_string(request.serial_) + " from " + connection_.control().peerName(), request.watch_);
-        break;
-      case progress::ProgressMark::Verdict::kQuiet: break;
-    }
+    progress::lookAt(request.watch_, received, now, limit,
+                     [&] { return "receive #" + std::to_string(request.serial_) + " from " + connection_.control().peerName(); },
+                     [&] {
+      RN_WARN("NET/railnet: watchdog: receive #%llu from %s has made no progress for %.1f s (%llu bytes in); it is "
+              "not failed; %s", static_cast<unsigned long long>(request.serial_), connection_.control().peerName().c_str(),
+              progress::secondsSince(request.watch_.since(), now), static_cast<unsigned long long>(received),
+              describeReceive(request).c_str());
+    });
   });
 }
 

@@ -374,19 +374,15 @@ void VerbsSendComm::watch(progress::WatchClock::time_point now, std::chrono::mil
   const std::string peer = connection_.control().peerName();
   requests_.forEachInFlight([&](VerbsSendRequest& request) {
     if (request.pendingStripes_ == 0) return;  // done, not yet collected by test
-    switch (request.watch_.look(request.completedStripes_, now, limit)) {
-      case progress::ProgressMark::Verdict::kStalled:
-        RN_WARN("NET/railnet: watchdog: send #%llu of %llu bytes to %s has made no progress for %.1f s (%llu work "
-                "requests completed, %d outstanding); it is not failed", static_cast<unsigned long long>(request.serial_),
-                static_cast<unsigned long long>(request.size_), peer.c_str(),
-                progress::secondsSince(request.watch_.since(), now),
-                static_cast<unsigned long long>(request.completedStripes_), request.pendingStripes_);
-        break;
-      case progress::ProgressMark::Verdict::kResumed:
-        progress::reportMovesAgain("send #" + std::to_string(request.serial_) + " to " + peer, request.watch_);
-        break;
-      case progress::ProgressMark::Verdict::kQuiet: break;
-    }
+    progress::lookAt(request.watch_, request.completedStripes_, now, limit,
+                     [&] { return "send #" + std::to_string(request.serial_) + " to " + peer; },
+                     [&] {
+      RN_WARN("NET/railnet: watchdog: send #%llu of %llu bytes to %s has made no progress for %.1f s (%llu work "
+              "requests completed, %d outstanding); it is not failed", static_cast<unsigned long long>(request.serial_),
+              static_cast<unsigned long long>(request.size_), peer.c_str(),
+              progress::secondsSince(request.watch_.since(), now),
+              static_cast<unsigned long long>(request.completedStripes_), request.pendingStripes_);
+    });
   });
 }
 
