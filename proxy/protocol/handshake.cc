@@ -188,7 +188,7 @@ void HandshakeListener::acceptArrivals(size_t index) {
       if (errno == ECONNABORTED) continue;
       int err = errno;
       fail(ncclSystemError, "NET/railnet: accept on listener %zu of %s failed: %s", index, address_.toString().c_str(),
-           errnoText(err).c_str());
+           socketErrorText(err).c_str());
     }
     arrival.fd.reset(fd);
     configureStream(fd, options_.stream);

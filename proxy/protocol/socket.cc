@@ -4,6 +4,7 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
+#include <sys/resource.h>
 #include <sys/uio.h>
 #include <unistd.h>
 
@@ -11,6 +12,7 @@
 #include <cerrno>
 
 #include "railnet/error.h"
+#include "railnet/text.h"
 #include "topo/netif.h"
 
 namespace railnet::protocol {
@@ -33,11 +35,25 @@ void setOption(int fd, int level, int name, int value, const char* what) {
 
 }  // namespace
 
+std::string socketErrorText(int err) {
+  std::string text = errnoText(err);
+  if (err == EMFILE) {
+    rlimit limit{};
+    getrlimit(RLIMIT_NOFILE, &limit);
+    text += textf(" (this process has all the %llu files open that RLIMIT_NOFILE, ulimit -n, allows; every railnet "
+                  "connection holds 1 + RAILNET_TCP_STREAMS sockets at each end: raise the limit or lower the streams)",
+                  static_cast<unsigned long long>(limit.rlim_cur));
+  } else if (err == ENFILE) {
+    text += " (the system-wide file limit, fs.file-max, is reached)";
+  }
+  return text;
+}
+
 Fd listenOn(const SocketAddress& address, SocketAddress* bound) {
   Fd fd(socket(address.storage.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0));
   if (!fd.valid()) {
     int err = errno;
-    fail(ncclSystemError, "NET/railnet: socket() failed: %s", errnoText(err).c_str());
+    fail(ncclSystemError, "NET/railnet: socket() failed: %s", socketErrorText(err).c_str());
   }
   setOption(fd.get(), SOL_SOCKET, SO_REUSEADDR, 1, "SO_REUSEADDR");
   if (bind(fd.get(), address.get(), address.length) != 0) {
@@ -63,7 +79,7 @@ Fd startConnect(const SocketAddress& address, const SocketAddress& local) {
   Fd fd(socket(address.storage.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0));
   if (!fd.valid()) {
     int err = errno;
-    fail(ncclSystemError, "NET/railnet: socket() failed: %s", errnoText(err).c_str());
+    fail(ncclSystemError, "NET/railnet: socket() failed: %s", socketErrorText(err).c_str());
   }
   if (local.length > 0 && bind(fd.get(), local.get(), local.length) != 0) {
     int err = errno;

@@ -38,6 +38,10 @@ struct SocketAddress {
 };
 
 // A non-blocking listening socket bound to `address` (port 0 picks one); returns the bound address.
+// errno's text, and for EMFILE/ENFILE what the limit is, how many are open and what a connection costs, so running
+// out of file descriptors reads as what it is (docs/reliability.md, "Limits").
+std::string socketErrorText(int err);
+
 Fd listenOn(const SocketAddress& address, SocketAddress* bound);
 
 // Starts a non-blocking connect; the connection completes later (see connectFinished).

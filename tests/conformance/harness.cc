@@ -234,6 +234,12 @@ void report(const std::string& line) {
   std::fflush(stdout);
 }
 
+}  // namespace
+
+void note(const std::string& text) { report(std::string("NOTE ") + gCurrentTest + ": " + text); }
+
+namespace {
+
 void runOne(const std::string& name, void (*fn)(TestEnv&), TestEnv& env) {
   std::snprintf(gCurrentTest, sizeof(gCurrentTest), "%s", name.c_str());
   const uint64_t mark = logMark();

@@ -53,6 +53,8 @@ int startupThreadCount();
 std::vector<std::string> threadNames();
 
 __attribute__((format(printf, 1, 2))) std::string strf(const char* fmt, ...);
+// A measurement worth keeping in the run's output: printed as "NOTE <test>: text".
+void note(const std::string& text);
 
 // Thrown by REQUIRE and friends; the runner prints it as FAIL.
 class TestFailure : public std::runtime_error {

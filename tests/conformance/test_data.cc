@@ -13,13 +13,6 @@ namespace {
 constexpr size_t KiB = size_t{1} << 10;
 constexpr size_t MiB = size_t{1} << 20;
 
-Plan randomPlan(size_t count, size_t maxSize, int window, uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  std::vector<size_t> sizes;
-  for (size_t i = 0; i < count; ++i) sizes.push_back(randomSize(rng, maxSize));
-  return simplePlan(sizes, window, seed);
-}
-
 }  // namespace
 
 TEST_CASE("data", "sizes_small", Scope::PerVersion) {

@@ -617,6 +617,13 @@ size_t findOtherThan(const Memory& memory, size_t offset, size_t size, uint8_t v
   return bad;
 }
 
+Plan randomPlan(size_t count, size_t maxSize, int window, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::vector<size_t> sizes;
+  for (size_t i = 0; i < count; ++i) sizes.push_back(randomSize(rng, maxSize));
+  return simplePlan(sizes, window, seed);
+}
+
 Plan simplePlan(const std::vector<size_t>& sizes, int window, uint64_t seed) {
   Plan plan;
   for (size_t size : sizes) {

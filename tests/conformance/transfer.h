@@ -59,6 +59,8 @@ struct Plan {
 
 // A plan of `count` single-buffer messages of tag 0.
 Plan simplePlan(const std::vector<size_t>& sizes, int window, uint64_t seed);
+// `count` messages of random sizes up to `maxSize` (randomSize's mix of small and large), `window` in flight.
+Plan randomPlan(size_t count, size_t maxSize, int window, uint64_t seed);
 // Every send from `send` memory, every receive buffer in `recv` memory.
 Plan& placeMemory(Plan& plan, MemKind send, MemKind recv);
 
