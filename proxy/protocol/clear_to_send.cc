@@ -22,6 +22,12 @@ long ClearToSendQueue::parse(const char* data, size_t size, std::string* why) {
     const size_t keyBytes = size_t{frame.slot} * frame.extraKeys * sizeof(uint32_t);
     size_t total = sizeof(FrameHeader) + entryBytes + keyBytes;
     if (size - used < total) break;
+    // A receiver has at most its ring's receives posted (protocol/receive_ring.h: 64): more is a broken or hostile
+    // peer, and would grow this queue without bound.
+    if (posted_.size() >= kMaxPostedReceives) {
+      *why = "protocol error: more than " + std::to_string(kMaxPostedReceives) + " receives posted at once";
+      return -1;
+    }
     PostedReceive receive{};
     receive.recvId = frame.recvId;
     receive.count = frame.slot;

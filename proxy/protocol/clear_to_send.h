@@ -35,6 +35,7 @@ class ClearToSendQueue {
   std::string openTags() const;
 
  private:
+  static constexpr size_t kMaxPostedReceives = 4 * NCCL_NET_MAX_REQUESTS * 2;  // 4x a receive ring (2 x 32)
   struct PostedReceive {
     uint32_t recvId;
     int count;

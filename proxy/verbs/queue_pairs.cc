@@ -85,18 +85,9 @@ QpInfo QueuePairs::localInfo() const {
 }
 
 void QueuePairs::connect(const QpInfo& remote) {
-  if (remote.magic != kQpInfoMagic || remote.version != kQpInfoVersion) {
-    fail(ncclSystemError, "NET/railnet: the peer's QP record is not railnet's (magic 0x%08x, version %u)", remote.magic,
-         remote.version);
-  }
   const VerbsPort& port = device_->port();
-  if (remote.linkLayer != port.linkLayer) {
-    fail(ncclSystemError, "NET/railnet: link layers differ: %s is %s, the peer is %s", port.device.c_str(),
-         port.linkLayer == IBV_LINK_LAYER_ETHERNET ? "Ethernet" : "InfiniBand",
-         remote.linkLayer == IBV_LINK_LAYER_ETHERNET ? "Ethernet" : "InfiniBand");
-  }
-  if (remote.qpCount < 1 || remote.qpCount > kMaxQps) {
-    fail(ncclSystemError, "NET/railnet: the peer offers %u QPs", remote.qpCount);
+  if (const std::string problem = qpInfoProblem(remote, port.linkLayer); !problem.empty()) {
+    fail(ncclSystemError, "NET/railnet: %s (%s)", problem.c_str(), port.device.c_str());
   }
   const IbvApi& api = device_->api();
   remoteRail_ = remote.railId;

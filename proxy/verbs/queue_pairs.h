@@ -3,7 +3,9 @@
 #pragma once
 
 #include <cstdint>
+#include <cstdio>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "proxy/verbs/verbs_device.h"
@@ -30,6 +32,26 @@ struct QpInfo {
   uint8_t paths;   // the connection's path count as the sender planned it
 };
 static_assert(sizeof(QpInfo) == 68);
+
+// Why the peer's record (bytes off the network) cannot be used against a local port of `localLinkLayer`; empty when
+// it can. Inline so the record's fuzz target (tests/fuzz/) needs no verbs library.
+inline std::string qpInfoProblem(const QpInfo& remote, int localLinkLayer) {
+  auto layer = [](int linkLayer) { return linkLayer == IBV_LINK_LAYER_ETHERNET ? "Ethernet" : "InfiniBand"; };
+  if (remote.magic != kQpInfoMagic || remote.version != kQpInfoVersion) {
+    char magic[16];
+    std::snprintf(magic, sizeof(magic), "0x%08x", remote.magic);
+    return std::string("the peer's QP record is not railnet's (magic ") + magic + ", version " +
+           std::to_string(remote.version) + ")";
+  }
+  if (remote.linkLayer != localLinkLayer) {
+    return std::string("link layers differ: this port is ") + layer(localLinkLayer) + ", the peer's is " +
+           layer(remote.linkLayer);
+  }
+  if (remote.qpCount < 1 || remote.qpCount > kMaxQps) {
+    return "the peer offers " + std::to_string(remote.qpCount) + " QPs (1 to " + std::to_string(kMaxQps) + " allowed)";
+  }
+  return "";
+}
 
 struct QpOptions {
   int count = 2;
