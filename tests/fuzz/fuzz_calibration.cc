@@ -3,6 +3,7 @@
 #include <sstream>
 #include <string>
 
+#include "fuzz_quiet.h"
 #include "plugin/tuner/calibration.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {

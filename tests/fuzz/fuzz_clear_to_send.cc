@@ -3,6 +3,7 @@
 #include <cstdint>
 #include <string>
 
+#include "fuzz_quiet.h"
 #include "proxy/protocol/clear_to_send.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {

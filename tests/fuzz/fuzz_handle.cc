@@ -3,6 +3,7 @@
 #include <cstdint>
 #include <cstring>
 
+#include "fuzz_quiet.h"
 #include "proxy/protocol/wire.h"
 #include "railnet/error.h"
 

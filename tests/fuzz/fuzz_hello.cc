@@ -2,6 +2,7 @@
 #include <cstdint>
 #include <cstring>
 
+#include "fuzz_quiet.h"
 #include "proxy/protocol/wire.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {

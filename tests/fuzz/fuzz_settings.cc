@@ -4,6 +4,7 @@
 #include <string>
 #include <vector>
 
+#include "fuzz_quiet.h"
 #include "railnet/settings.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {

@@ -4,6 +4,7 @@
 #include <string>
 #include <string_view>
 
+#include "fuzz_quiet.h"
 #include "railnet/error.h"
 #include "topo/name_filter.h"
 #include "topo/rails.h"
