@@ -308,6 +308,15 @@ int startupThreadCount() { return gStartupThreads; }
 
 int threadCount() { return static_cast<int>(threadNames().size()); }
 
+size_t openFileCount() {
+  size_t count = 0;
+  if (DIR* dir = opendir("/proc/self/fd")) {
+    while (const dirent* entry = readdir(dir)) count += entry->d_name[0] != '.';
+    closedir(dir);
+  }
+  return count > 0 ? count - 1 : 0;  // opendir's own descriptor
+}
+
 std::vector<std::string> threadNames() {
   std::vector<std::string> names;
   DIR* dir = opendir("/proc/self/task");

@@ -48,6 +48,8 @@ struct Options {
 const Options& options();
 // Threads of this process (entries in /proc/self/task), and that count before the plugin was first loaded.
 int threadCount();
+// File descriptors this process has open (/proc/self/fd).
+size_t openFileCount();
 int startupThreadCount();
 // The names (/proc/self/task/*/comm) of this process's threads.
 std::vector<std::string> threadNames();

@@ -5,7 +5,6 @@
 // listener must still connect a real peer afterwards, the traffic must finish intact, and the plugin must hold no
 // descriptor of any stray when it is over.
 #include <arpa/inet.h>
-#include <dirent.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <sys/resource.h>
@@ -26,15 +25,6 @@
 
 namespace conformance {
 namespace {
-
-size_t openFiles() {
-  size_t count = 0;
-  if (DIR* dir = opendir("/proc/self/fd")) {
-    while (const dirent* entry = readdir(dir)) count += entry->d_name[0] != '.';
-    closedir(dir);
-  }
-  return count - 1;
-}
 
 // The 40-byte hello that opens every railnet socket (proxy/protocol/wire.h), written out by hand as a foreign
 // client would: magic "RNHL", wire version 1, role (0 control, 1 data), the listener's 16-byte secret, a
@@ -113,7 +103,7 @@ TEST_CASE("failure", "hostile_listener", Scope::PerVersion) {
     ~RestoreLimit() { setrlimit(RLIMIT_NOFILE, &saved); }
   } restore{saved};
   const size_t room = limit.rlim_cur == RLIM_INFINITY ? 100000 : static_cast<size_t>(limit.rlim_cur);
-  const size_t idle = std::min<size_t>(1000, room > openFiles() + 600 ? (room - openFiles() - 600) / 2 : 0);
+  const size_t idle = std::min<size_t>(1000, room > openFileCount() + 600 ? (room - openFileCount() - 600) / 2 : 0);
   REQUIRE(idle >= 100, strf("RLIMIT_NOFILE (%zu) leaves room for only %zu idle connections", room, idle));
 
   // The traffic that must not notice: an established connection moving checked messages throughout.
@@ -132,7 +122,7 @@ TEST_CASE("failure", "hostile_listener", Scope::PerVersion) {
   NetContext recvCtx(net, nextCommId());
   ConnHandle handle;
   Comm listener = listenOn(net, recvCtx.get(), env.dev, &handle);
-  const size_t filesBefore = openFiles();
+  const size_t filesBefore = openFileCount();
   uint8_t secret[16];
   std::memcpy(secret, handle.bytes + 40, 16);  // wire.h: Handle::secret at byte 40
   uint8_t wrongSecret[16];
@@ -206,7 +196,7 @@ TEST_CASE("failure", "hostile_listener", Scope::PerVersion) {
   threads.join();
   runTransfer(net, real, simplePlan({0, 1000, 1 << 20}, 2, 97));
   // Every stray's descriptor is gone from the plugin (the real connection's sockets are the only new ones).
-  const size_t sockets = openFiles() > filesBefore ? openFiles() - filesBefore : 0;
+  const size_t sockets = openFileCount() > filesBefore ? openFileCount() - filesBefore : 0;
   REQUIRE(sockets <= 2 * 17, strf("%zu more file descriptors open after the attack than before it", sockets));
   note(strf("%zu idle, 100 random-byte, 100 truncated-hello, 100 wrong-secret and 100 out-of-range strays dropped "
             "while an established connection moved checked data",

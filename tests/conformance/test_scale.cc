@@ -2,7 +2,6 @@
 // with every connection's requests in flight together; what each connection costs in file descriptors, memory
 // and threads; everything returned at close; and running out of file descriptors as a clear error. Both ends are
 // in this process, so it holds twice what one rank of a job would. RAILNET_TEST_CONNECTIONS sets the count.
-#include <dirent.h>
 #include <sys/resource.h>
 #include <unistd.h>
 
@@ -21,15 +20,6 @@
 
 namespace conformance {
 namespace {
-
-size_t openFiles() {
-  size_t count = 0;
-  if (DIR* dir = opendir("/proc/self/fd")) {
-    while (const dirent* entry = readdir(dir)) count += entry->d_name[0] != '.';
-    closedir(dir);
-  }
-  return count - 1;  // opendir's own
-}
 
 // Resident memory in KiB and threads, from /proc/self/status.
 long statusField(const char* field) {
@@ -76,7 +66,7 @@ TEST_CASE("scale", "connections", Scope::PerVersion) {
   const int connections = connectionCount();
   NetApi& net = *env.net;
   FileLimit limit;
-  const size_t filesBefore = openFiles();
+  const size_t filesBefore = openFileCount();
   const size_t needed = filesBefore + static_cast<size_t>(connections) * 2 * socketsPerEnd() + 256;
   if (limit.hard() != RLIM_INFINITY && limit.hard() < needed) {
     SKIP(strf("%d connections need about %zu file descriptors; RLIMIT_NOFILE's hard limit is %llu", connections,
@@ -97,7 +87,7 @@ TEST_CASE("scale", "connections", Scope::PerVersion) {
     const auto openStart = std::chrono::steady_clock::now();
     for (int c = 0; c < connections; ++c) conns.push_back(connectPair(net, sendCtx.get(), recvCtx.get(), env.dev));
     const double openSeconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - openStart).count();
-    const size_t filesOpen = openFiles();
+    const size_t filesOpen = openFileCount();
     const long rssOpen = statusField("VmRSS");
     std::vector<std::unique_ptr<HostBuffer>> targets;
     std::vector<std::unique_ptr<Registration>> registrations;
@@ -137,7 +127,7 @@ TEST_CASE("scale", "connections", Scope::PerVersion) {
     for (auto& registration : registrations) REQUIRE_OK(registration->release());
   }
   // Every socket and railnet thread is gone once the last comm is closed.
-  const size_t filesAfter = openFiles();
+  const size_t filesAfter = openFileCount();
   REQUIRE(filesAfter == filesBefore, strf("%zu file descriptors open after closing everything, %zu before",
                                           filesAfter, filesBefore));
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
@@ -156,7 +146,7 @@ TEST_CASE("scale", "out_of_file_descriptors", Scope::PerVersion) {
   ConnHandle handle;
   Comm listener = listenOn(net, recvCtx.get(), env.dev, &handle);
   FileLimit limit;
-  const size_t filesBefore = openFiles();
+  const size_t filesBefore = openFileCount();
   // Room for the control socket and a few data streams, not for all of them.
   REQUIRE(limit.setSoft(filesBefore + 3), "cannot lower RLIMIT_NOFILE");
   const uint64_t mark = logMark();
@@ -178,8 +168,8 @@ TEST_CASE("scale", "out_of_file_descriptors", Scope::PerVersion) {
   REQUIRE(waitForWarning(mark, {"Too many open files", "RLIMIT_NOFILE", "RAILNET_TCP_STREAMS"}, std::chrono::seconds(1)),
           "no WARN naming the file limit; warnings:\n" + describeWarnings(mark));
   REQUIRE_OK(listener.close());
-  REQUIRE(openFiles() <= filesBefore, strf("%zu file descriptors open after the failed connect, %zu before",
-                                           openFiles(), filesBefore));
+  REQUIRE(openFileCount() <= filesBefore, strf("%zu file descriptors open after the failed connect, %zu before",
+                                           openFileCount(), filesBefore));
 }
 
 }  // namespace conformance
