@@ -38,10 +38,6 @@ std::chrono::milliseconds tickFor(std::chrono::milliseconds limit) {
 
 }  // namespace
 
-double secondsSince(WatchClock::time_point then, WatchClock::time_point now) noexcept {
-  return std::chrono::duration<double>(now - then).count();
-}
-
 void reportMovesAgain(const std::string& what, const ProgressMark& mark) noexcept {
   RN_WARN("NET/railnet: watchdog: %s moves again after a stall of %.1f s", what.c_str(),
           std::chrono::duration<double>(mark.stalledFor()).count());
@@ -49,7 +45,7 @@ void reportMovesAgain(const std::string& what, const ProgressMark& mark) noexcep
 
 void reportCompletedAfterStall(const std::string& what, const ProgressMark& mark) noexcept {
   RN_WARN("NET/railnet: watchdog: %s completed after a stall of %.1f s", what.c_str(),
-          secondsSince(mark.since(), WatchClock::now()));
+          mark.quietFor(WatchClock::now()));
 }
 
 std::shared_ptr<Watchdog> Watchdog::acquire() {

@@ -19,19 +19,27 @@ namespace railnet::progress {
 
 using WatchClock = std::chrono::steady_clock;
 
-// What one request's watch remembers between looks; kept in the request, touched under its comm's lock.
+// What one request's watch remembers between looks; kept in the request, touched under its comm's lock. Posting a
+// request reads no clock: the watchdog's first look at it stamps the time, so a stall is reported between one and
+// 1.25 limits after the last progress (looks come every limit/4).
 class ProgressMark {
  public:
   enum class Verdict { kQuiet, kStalled, kResumed };
-  // The request starts (or is reused): its clock starts at `now` with no byte done.
-  void start(WatchClock::time_point now) noexcept {
+  // The request starts (or is reused): no byte done, no look yet.
+  void start() noexcept {
     bytes_ = 0;
-    since_ = now;
+    stamped_ = false;
     reported_ = false;
   }
   // A look at `bytes` done at `now`: kStalled the first time no byte moved for `limit` (once per stall),
   // kResumed on the first progress after a report.
   Verdict look(uint64_t bytes, WatchClock::time_point now, std::chrono::milliseconds limit) noexcept {
+    if (!stamped_) {
+      stamped_ = true;
+      bytes_ = bytes;
+      since_ = now;
+      return Verdict::kQuiet;
+    }
     if (bytes != bytes_) {
       bytes_ = bytes;
       stalledFor_ = now - since_;
@@ -44,8 +52,10 @@ class ProgressMark {
     reported_ = true;
     return Verdict::kStalled;
   }
-  // When the last byte moved (or the request started).
-  WatchClock::time_point since() const noexcept { return since_; }
+  // Seconds without progress at `now`, as far as the looks saw (0 before the first look).
+  double quietFor(WatchClock::time_point now) const noexcept {
+    return stamped_ ? std::chrono::duration<double>(now - since_).count() : 0.0;
+  }
   // A stall of this request was reported and no progress seen since: its completion is worth a line too.
   bool reported() const noexcept { return reported_; }
   // After kResumed: how long the stall lasted.
@@ -55,11 +65,9 @@ class ProgressMark {
   uint64_t bytes_ = 0;
   WatchClock::time_point since_{};
   WatchClock::duration stalledFor_{};
+  bool stamped_ = false;
   bool reported_ = false;
 };
-
-// Seconds since `then`, for report texts.
-double secondsSince(WatchClock::time_point then, WatchClock::time_point now) noexcept;
 
 // The lines that end a reported stall (WARN, as the report was): `what` is e.g. "send #12 to 10.0.0.2:4000".
 void reportMovesAgain(const std::string& what, const ProgressMark& mark) noexcept;

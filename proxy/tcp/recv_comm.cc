@@ -75,7 +75,7 @@ ncclResult_t TcpRecvComm::irecv(int n, void** data, const size_t* sizes, const i
   // Published before the clear-to-send leaves: a helper thread may see the first chunk right after.
   entry->stagedBuffers.store(staged, std::memory_order_release);
   entry->serial = ++receives_;
-  entry->watch.start(progress::WatchClock::now());
+  entry->watch.start();
   ClearToSendEntry entries[kMaxRecvs];
   const FrameHeader header = Ring::clearToSend(*entry, recvId, 0, entries);
   for (int i = 0; i < n; ++i) {
@@ -278,7 +278,7 @@ void TcpRecvComm::watch(progress::WatchClock::time_point now, std::chrono::milli
       // Not an error: a slow sender looks the same. The report says what the receive waits for.
       RN_WARN("NET/railnet: watchdog: receive #%llu from %s has made no progress for %.1f s (%llu bytes in); it is "
               "not failed; %s; %s", static_cast<unsigned long long>(request.serial), control_.peerName().c_str(),
-              progress::secondsSince(request.watch.since(), now),
+              request.watch.quietFor(now),
               static_cast<unsigned long long>(received), describeReceive(request).c_str(), stagingState().c_str());
     });
   });
@@ -299,7 +299,7 @@ void TcpRecvComm::describe(progress::WatchClock::time_point now, std::vector<std
                          stagingState().c_str()));
   ring_.forEachPosted([&](RecvRequest& request) {
     lines->push_back(textf("  %s%s, last progress %.1f s ago", describeReceive(request).c_str(),
-                           request.complete() ? " (complete)" : "", progress::secondsSince(request.watch.since(), now)));
+                           request.complete() ? " (complete)" : "", request.watch.quietFor(now)));
   });
 }
 

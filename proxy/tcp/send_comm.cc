@@ -163,7 +163,7 @@ ncclResult_t TcpSendComm::isend(void* data, size_t size, int tag, MemoryRegion* 
   sendRequest->size_ = size;
   sendRequest->serial_ = ++sends_;
   sendRequest->sentBytes_.store(0, std::memory_order_relaxed);
-  sendRequest->watch_.start(progress::WatchClock::now());
+  sendRequest->watch_.start();
 
   const bool inlined = size == 0 || (size <= inlineBytes_ && !fromGpu && stagedPieceBytes == 0);
   if (mayInline && !inlined) controlShaping_.refund(size);  // its chunks draw from their streams' buckets
@@ -402,7 +402,7 @@ void TcpSendComm::reportStalled(const SendRequest& request, progress::WatchClock
   RN_WARN("NET/railnet: watchdog: send #%llu of %llu bytes to %s has made no progress for %.1f s (%llu bytes written, "
           "%d chunks left); it is not failed; %s", static_cast<unsigned long long>(request.serial_),
           static_cast<unsigned long long>(request.size_), control_.peerName().c_str(),
-          progress::secondsSince(request.watch_.since(), now),
+          request.watch_.quietFor(now),
           static_cast<unsigned long long>(request.sentBytes_.load(std::memory_order_relaxed)),
           request.pendingChunks_.load(std::memory_order_relaxed), stagingState().c_str());
 }
@@ -436,7 +436,7 @@ void TcpSendComm::describe(progress::WatchClock::time_point now, std::vector<std
                           static_cast<unsigned long long>(request.sentBytes_.load(std::memory_order_relaxed)),
                           static_cast<unsigned long long>(request.size_),
                           request.pendingChunks_.load(std::memory_order_relaxed),
-                          progress::secondsSince(request.watch_.since(), now)));
+                          request.watch_.quietFor(now)));
   });
 }
 

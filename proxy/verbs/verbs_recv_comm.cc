@@ -205,7 +205,7 @@ ncclResult_t VerbsRecvComm::irecv(int n, void** data, const size_t* sizes, const
   const uint32_t recvId = ring_.nextId();
   VerbsRecvRequest* entry = ring_.post(n, data, sizes, tags);
   entry->serial_ = ++receives_;
-  entry->watch_.start(progress::WatchClock::now());
+  entry->watch_.start();
   protocol::ClearToSendEntry entries[protocol::kMaxRecvs];
   const protocol::FrameHeader header = Ring::clearToSend(*entry, recvId, static_cast<uint16_t>(extraKeys), entries);
   for (int i = 0; i < n; ++i) {
@@ -383,7 +383,7 @@ void VerbsRecvComm::watch(progress::WatchClock::time_point now, std::chrono::mil
                      [&] {
       RN_WARN("NET/railnet: watchdog: receive #%llu from %s has made no progress for %.1f s (%llu bytes in); it is "
               "not failed; %s", static_cast<unsigned long long>(request.serial_), connection_.control().peerName().c_str(),
-              progress::secondsSince(request.watch_.since(), now), static_cast<unsigned long long>(received),
+              request.watch_.quietFor(now), static_cast<unsigned long long>(received),
               describeReceive(request).c_str());
     });
   });
@@ -404,7 +404,7 @@ void VerbsRecvComm::describe(progress::WatchClock::time_point now, std::vector<s
   ring_.forEachPosted([&](VerbsRecvRequest& request) {
     lines->push_back(textf("  %s%s, last progress %.1f s ago", describeReceive(request).c_str(),
                            request.complete() ? " (complete)" : "",
-                           progress::secondsSince(request.watch_.since(), now)));
+                           request.watch_.quietFor(now)));
   });
 }
 

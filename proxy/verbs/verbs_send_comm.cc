@@ -318,7 +318,7 @@ ncclResult_t VerbsSendComm::isend(void* data, size_t size, int tag, MemoryRegion
   sendRequest->pendingStripes_ = 0;
   sendRequest->completedStripes_ = 0;
   sendRequest->serial_ = ++sends_;
-  sendRequest->watch_.start(progress::WatchClock::now());
+  sendRequest->watch_.start();
   for (uint64_t& bytes : sendRequest->pathBytes_) bytes = 0;
   const char* bytes = static_cast<const char*>(data);
   const bool held = held_.holds(*found, size <= kGroupMemberBytes);
@@ -380,7 +380,7 @@ void VerbsSendComm::watch(progress::WatchClock::time_point now, std::chrono::mil
       RN_WARN("NET/railnet: watchdog: send #%llu of %llu bytes to %s has made no progress for %.1f s (%llu work "
               "requests completed, %d outstanding); it is not failed", static_cast<unsigned long long>(request.serial_),
               static_cast<unsigned long long>(request.size_), peer.c_str(),
-              progress::secondsSince(request.watch_.since(), now),
+              request.watch_.quietFor(now),
               static_cast<unsigned long long>(request.completedStripes_), request.pendingStripes_);
     });
   });
@@ -402,7 +402,7 @@ void VerbsSendComm::describe(progress::WatchClock::time_point now, std::vector<s
                            "%.1f s ago", static_cast<unsigned long long>(request.serial_),
                            static_cast<unsigned long long>(request.size_),
                            static_cast<unsigned long long>(request.completedStripes_), request.pendingStripes_,
-                           progress::secondsSince(request.watch_.since(), now)));
+                           request.watch_.quietFor(now)));
   });
 }
 

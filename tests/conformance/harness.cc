@@ -308,6 +308,14 @@ int startupThreadCount() { return gStartupThreads; }
 
 int threadCount() { return static_cast<int>(threadNames().size()); }
 
+FileLimit::FileLimit() { getrlimit(RLIMIT_NOFILE, &saved_); }
+FileLimit::~FileLimit() { setrlimit(RLIMIT_NOFILE, &saved_); }
+bool FileLimit::setSoft(rlim_t soft) {
+  rlimit wanted = saved_;
+  wanted.rlim_cur = soft;
+  return setrlimit(RLIMIT_NOFILE, &wanted) == 0;
+}
+
 size_t openFileCount() {
   size_t count = 0;
   if (DIR* dir = opendir("/proc/self/fd")) {

@@ -1,6 +1,8 @@
 // The test framework: options, test registry, failure reporting, deadlines, helper threads, the watchdog.
 #pragma once
 
+#include <sys/resource.h>
+
 #include <atomic>
 #include <chrono>
 #include <cstddef>
@@ -50,6 +52,20 @@ const Options& options();
 int threadCount();
 // File descriptors this process has open (/proc/self/fd).
 size_t openFileCount();
+
+// RLIMIT_NOFILE for one test: setSoft() changes the soft limit, the destructor puts the old one back.
+class FileLimit {
+ public:
+  FileLimit();
+  ~FileLimit();
+  FileLimit(const FileLimit&) = delete;
+  FileLimit& operator=(const FileLimit&) = delete;
+  rlim_t hard() const { return saved_.rlim_max; }
+  bool setSoft(rlim_t soft);
+
+ private:
+  rlimit saved_{};
+};
 int startupThreadCount();
 // The names (/proc/self/task/*/comm) of this process's threads.
 std::vector<std::string> threadNames();

@@ -7,7 +7,6 @@
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <poll.h>
-#include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -93,16 +92,9 @@ TEST_CASE("failure", "hostile_listener", Scope::PerVersion) {
   if (!env.heavy) SKIP("runs on the newest version only");
   NetApi& net = *env.net;
   // Room for the strays at both ends (the test's sockets and the plugin's accepted ones).
-  rlimit limit{};
-  getrlimit(RLIMIT_NOFILE, &limit);
-  const rlimit saved = limit;
-  limit.rlim_cur = limit.rlim_max;
-  setrlimit(RLIMIT_NOFILE, &limit);
-  struct RestoreLimit {
-    rlimit saved;
-    ~RestoreLimit() { setrlimit(RLIMIT_NOFILE, &saved); }
-  } restore{saved};
-  const size_t room = limit.rlim_cur == RLIM_INFINITY ? 100000 : static_cast<size_t>(limit.rlim_cur);
+  FileLimit limit;
+  limit.setSoft(limit.hard());
+  const size_t room = limit.hard() == RLIM_INFINITY ? 100000 : static_cast<size_t>(limit.hard());
   const size_t idle = std::min<size_t>(1000, room > openFileCount() + 600 ? (room - openFileCount() - 600) / 2 : 0);
   REQUIRE(idle >= 100, strf("RLIMIT_NOFILE (%zu) leaves room for only %zu idle connections", room, idle));
 

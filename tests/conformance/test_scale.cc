@@ -2,7 +2,6 @@
 // with every connection's requests in flight together; what each connection costs in file descriptors, memory
 // and threads; everything returned at close; and running out of file descriptors as a clear error. Both ends are
 // in this process, so it holds twice what one rank of a job would. RAILNET_TEST_CONNECTIONS sets the count.
-#include <sys/resource.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -42,21 +41,6 @@ int socketsPerEnd() {
   const char* set = std::getenv("RAILNET_TCP_STREAMS");
   return 1 + (set != nullptr ? std::atoi(set) : 8);
 }
-
-class FileLimit {
- public:
-  FileLimit() { getrlimit(RLIMIT_NOFILE, &saved_); }
-  ~FileLimit() { setrlimit(RLIMIT_NOFILE, &saved_); }
-  rlim_t hard() const { return saved_.rlim_max; }
-  bool setSoft(rlim_t soft) {
-    rlimit wanted = saved_;
-    wanted.rlim_cur = soft;
-    return setrlimit(RLIMIT_NOFILE, &wanted) == 0;
-  }
-
- private:
-  rlimit saved_{};
-};
 
 }  // namespace
 

@@ -46,7 +46,8 @@ TEST_CASE("a request that stops moving is reported once, and once more when it m
   const auto t0 = WatchClock::now();
   const milliseconds limit(1000);
   ProgressMark mark;
-  mark.start(t0);
+  mark.start();
+  CHECK(mark.look(0, t0, limit) == Verdict::kQuiet);  // the first look stamps the time
   CHECK(mark.look(0, t0 + milliseconds(999), limit) == Verdict::kQuiet);
   CHECK(mark.look(0, t0 + milliseconds(1000), limit) == Verdict::kStalled);
   CHECK(mark.reported());
@@ -62,14 +63,17 @@ TEST_CASE("a request that stops moving is reported once, and once more when it m
 TEST_CASE("steady progress is never a stall, however long the request takes", "[watchdog]") {
   const auto t0 = WatchClock::now();
   ProgressMark mark;
-  mark.start(t0);
+  mark.start();
+  CHECK(mark.look(0, t0, milliseconds(1000)) == Verdict::kQuiet);
   for (int second = 1; second <= 100; ++second) {
     REQUIRE(mark.look(static_cast<uint64_t>(second), t0 + milliseconds(900 * second), milliseconds(1000)) ==
             Verdict::kQuiet);
   }
-  // A reused request starts over.
-  mark.start(t0 + milliseconds(200000));
+  // A reused request starts over: its first look stamps it, and the limit counts from there.
+  mark.start();
+  CHECK(mark.look(0, t0 + milliseconds(200000), milliseconds(1000)) == Verdict::kQuiet);
   CHECK(mark.look(0, t0 + milliseconds(200500), milliseconds(1000)) == Verdict::kQuiet);
+  CHECK(mark.look(0, t0 + milliseconds(201000), milliseconds(1000)) == Verdict::kStalled);
 }
 
 TEST_CASE("the dump file asks for one dump of every watched comm and is deleted", "[watchdog]") {
