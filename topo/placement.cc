@@ -1,10 +1,11 @@
 #include "topo/placement.h"
 
+#include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <cstdlib>
-#include <fstream>
 #include <mutex>
 
 #include "railnet/error.h"
@@ -49,10 +50,29 @@ std::string writeTopologyFile(const std::string& xml) {
       std::string(tmp != nullptr && *tmp != '\0' ? tmp : "/tmp") + "/railnet-topo-" + std::to_string(getpid()) + ".xml";
   std::string partial = path + ".part";
   {
-    std::ofstream out(partial, std::ios::trunc);
-    out << xml;
-    if (!out.good()) {
-      RN_WARN("NET/railnet: cannot write the NCCL topology file %s: %s", partial.c_str(), errnoText(errno).c_str());
+    // The name is predictable and /tmp is shared: never follow a link another user planted there, never write
+    // into a file that already exists (a leftover of a crashed process with our pid is removed first, only if
+    // it is ours), and let only this user read it (docs/security.md).
+    struct stat existing {};
+    if (lstat(partial.c_str(), &existing) == 0 && S_ISREG(existing.st_mode) && existing.st_uid == geteuid()) {
+      unlink(partial.c_str());
+    }
+    const int fd = open(partial.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+    if (fd < 0) {
+      RN_WARN("NET/railnet: cannot create the NCCL topology file %s: %s", partial.c_str(), errnoText(errno).c_str());
+      return "";
+    }
+    size_t written = 0;
+    while (written < xml.size()) {
+      const ssize_t n = write(fd, xml.data() + written, xml.size() - written);
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) break;
+      written += static_cast<size_t>(n);
+    }
+    const int err = errno;
+    if (close(fd) != 0 || written != xml.size()) {
+      RN_WARN("NET/railnet: cannot write the NCCL topology file %s: %s", partial.c_str(), errnoText(err).c_str());
+      unlink(partial.c_str());
       return "";
     }
   }

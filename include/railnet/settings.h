@@ -96,9 +96,10 @@ inline constexpr int64_t kSizeMax = INT64_MAX;
     "another context runs (D70); 0: in the context of the comm's memory: no such wait, but a copy may queue "  \
     "behind that kernel for ever when the application uses many CUDA streams.")                                \
   X(Int, peerTimeoutMs, "RAILNET_PEER_TIMEOUT_MS", 30000, (0, kIntMax),                                          \
-    "A peer host that answers nothing, not even TCP keepalive probes, for about this long fails its "           \
-    "connections. A live peer process never trips it, however long it is stopped or slow: its kernel answers "  \
-    "the probes (a process that dies is noticed at once by its kernel's FIN/RST). 0 turns keepalive off.")       \
+    "A peer host that acknowledges nothing for this long fails its connections: not keepalive probes on an "    \
+    "idle connection, not data or window probes in flight (noticed within a second more). A live peer process "  \
+    "never trips it, however long it is stopped or slow: its kernel acknowledges (a process that dies is "       \
+    "noticed at once by its kernel's FIN/RST). 0 turns both checks off.")                                       \
   X(Int, watchdogMs, "RAILNET_WATCHDOG_MS", 10000, (0, 86400000),                                               \
     "A request that moves no byte for this long gets one WARN naming the peer, the request, the bytes done and "  \
     "when the last byte moved; it is not failed (a slow peer is not a dead one). 0: no reports.")                 \

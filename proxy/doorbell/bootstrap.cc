@@ -7,8 +7,8 @@
 #include <cerrno>
 #include <chrono>
 #include <cstring>
-#include <random>
 
+#include "proxy/protocol/random.h"
 #include "railnet/error.h"
 #include "railnet/log.h"
 
@@ -109,8 +109,8 @@ IdLayout layoutOf(const UniqueId& id) {
 std::unique_ptr<BootstrapRoot> makeUniqueId(const protocol::SocketAddress& address, UniqueId* id) {
   protocol::SocketAddress bound;
   protocol::Fd listen = protocol::listenOn(address, &bound);
-  std::random_device random;
-  const uint64_t secret = (static_cast<uint64_t>(random()) << 32) ^ random();
+  uint64_t secret = 0;
+  protocol::randomBytes(&secret, sizeof(secret));  // the kernel's entropy, as the listen handle's secret
   IdLayout layout{};
   layout.magic = kIdMagic;
   layout.secret = secret;

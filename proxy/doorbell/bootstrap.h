@@ -3,9 +3,9 @@
 // file, torch.distributed); every rank then connects there, and rank 0 returns everyone's blob to everyone (an
 // all-gather of fixed-size blobs: here, each rank's one-sided listen handle). No NCCL involved.
 //
-// Wire: each rank sends a 16-byte header {magic, rank, nranks, blob bytes} and its blob; rank 0 checks the secret
-// the id carries (a stray connection is closed and logged, as the transports do), waits for all, then sends the
-// nranks blobs in rank order to each. Every step has a deadline: a rank that never comes fails init with the
+// Wire: each rank sends a 24-byte hello {magic, rank, nranks, blob bytes, secret} and its blob; rank 0 checks the
+// secret the id carries (a stray connection is closed and logged, as the transports do), waits for all, then sends
+// the nranks blobs in rank order to each. Every step has a deadline: a rank that never comes fails init with the
 // ranks still missing named.
 #pragma once
 

@@ -29,11 +29,13 @@ std::string expandPid(const std::string& pattern) {
   return out;
 }
 
-// Several looks per limit, so a stall is reported within 1.25 x the limit; at least once a second for the dump
-// trigger, at most 50 times a second.
-std::chrono::milliseconds tickFor(std::chrono::milliseconds limit) {
-  if (limit.count() == 0) return std::chrono::seconds(1);
-  return std::clamp<std::chrono::milliseconds>(limit / 4, std::chrono::milliseconds(20), std::chrono::seconds(1));
+// Several looks per limit, so a stall or a lost host is reported within 1.25 x its limit; at least once a second
+// (the dump trigger), at most 50 times a second.
+std::chrono::milliseconds tickFor(std::chrono::milliseconds limit, std::chrono::milliseconds hostSilenceLimit) {
+  std::chrono::milliseconds shortest = std::chrono::seconds(4);
+  if (limit.count() > 0) shortest = std::min(shortest, limit);
+  if (hostSilenceLimit.count() > 0) shortest = std::min(shortest, hostSilenceLimit);
+  return std::max<std::chrono::milliseconds>(shortest / 4, std::chrono::milliseconds(20));
 }
 
 }  // namespace
@@ -53,19 +55,21 @@ std::shared_ptr<Watchdog> Watchdog::acquire() {
   std::shared_ptr<Watchdog> watchdog = gWatchdog.lock();
   if (!watchdog) {
     const Settings& config = settings();
-    watchdog = std::make_shared<Watchdog>(std::chrono::milliseconds(config.watchdogMs), expandPid(config.dumpFile));
+    watchdog = std::make_shared<Watchdog>(std::chrono::milliseconds(config.watchdogMs),
+                                          std::chrono::milliseconds(config.peerTimeoutMs), expandPid(config.dumpFile));
     gWatchdog = watchdog;
   }
   return watchdog;
 }
 
-Watchdog::Watchdog(std::chrono::milliseconds limit, std::string dumpFile)
-    : limit_(limit), dumpFile_(std::move(dumpFile)) {
-  if (limit_.count() == 0 && dumpFile_.empty()) return;  // nothing to do: no thread
+Watchdog::Watchdog(std::chrono::milliseconds limit, std::chrono::milliseconds hostSilenceLimit, std::string dumpFile)
+    : limit_(limit), hostSilenceLimit_(hostSilenceLimit), dumpFile_(std::move(dumpFile)) {
+  if (limit_.count() == 0 && hostSilenceLimit_.count() == 0 && dumpFile_.empty()) return;  // nothing to do: no thread
   thread_ = std::thread([this] { run(); });
   pthread_setname_np(thread_.native_handle(), "railnet-watch");
-  RN_INFO(NCCL_INIT | NCCL_NET, "NET/railnet: watchdog: requests with no progress for %lld ms are reported%s%s",
-          static_cast<long long>(limit_.count()), dumpFile_.empty() ? "" : "; state dump on creating ",
+  RN_INFO(NCCL_INIT | NCCL_NET, "NET/railnet: watchdog: requests with no progress for %lld ms are reported; "
+          "connections whose peer host acknowledges nothing for %lld ms fail%s%s", static_cast<long long>(limit_.count()),
+          static_cast<long long>(hostSilenceLimit_.count()), dumpFile_.empty() ? "" : "; state dump on creating ",
           dumpFile_.c_str());
 }
 
@@ -96,7 +100,7 @@ void Watchdog::lookNow() {
 
 void Watchdog::run() {
   std::unique_lock<std::mutex> lock(mutex_);
-  const auto tick = tickFor(limit_);
+  const auto tick = tickFor(limit_, hostSilenceLimit_);
   while (!stop_) {
     wake_.wait_for(lock, tick, [this] { return stop_; });
     if (stop_) break;
@@ -107,6 +111,9 @@ void Watchdog::run() {
 void Watchdog::lookLocked(WatchClock::time_point now) {
   if (limit_.count() > 0) {
     for (Watched* watched : watched_) watched->watch(now, limit_);
+  }
+  if (hostSilenceLimit_.count() > 0) {
+    for (Watched* watched : watched_) watched->watchPeerHost(now, hostSilenceLimit_);
   }
   dumpIfAsked(now);
 }

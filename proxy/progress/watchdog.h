@@ -1,6 +1,7 @@
 // The watchdog: one process-wide thread that looks at every open comm a few times per RAILNET_WATCHDOG_MS and
 // reports, once and at WARN, a request that moved no byte for that long (the peer, the request, the bytes done,
 // when the last byte moved), without failing it: a slow or stopped peer is not a dead one (docs/reliability.md).
+// The same looks fail a connection whose peer host acknowledged nothing for RAILNET_PEER_TIMEOUT_MS.
 // It also serves the on-demand dump: when the file RAILNET_DUMP_FILE names appears, every comm's state goes to
 // NCCL's log at WARN and the file is deleted. Runs while at least one comm is open, so no railnet thread outlives
 // the last comm (NCCL may dlclose the plugin then).
@@ -85,11 +86,14 @@ void lookAt(ProgressMark& mark, uint64_t progress, WatchClock::time_point now, s
   }
 }
 
-// A comm the watchdog looks at. Both calls come from the watchdog thread and must not wait long: they take the
+// A comm the watchdog looks at. The calls come from the watchdog thread and must not wait long: they take the
 // comm's lock with try_lock and skip this round when the data path holds it.
 class Watched {
  public:
   virtual void watch(WatchClock::time_point now, std::chrono::milliseconds limit) noexcept = 0;
+  // Fails the connection when the peer's host acknowledged nothing for `silenceLimit` while data or probes were in
+  // flight (protocol/host_silence.h). Comms whose transport notices a lost host by itself keep this default.
+  virtual void watchPeerHost(WatchClock::time_point, std::chrono::milliseconds /*silenceLimit*/) noexcept {}
   // The comm's state for the dump, one or more lines (not ended by newlines).
   virtual void describe(WatchClock::time_point now, std::vector<std::string>* lines) noexcept = 0;
 
@@ -101,7 +105,8 @@ class Watchdog {
  public:
   // The shared watchdog, started on first use and stopped when its last user releases it.
   static std::shared_ptr<Watchdog> acquire();
-  Watchdog(std::chrono::milliseconds limit, std::string dumpFile);
+  // limit: stall reports (0: none); hostSilenceLimit: lost-host checks (0: none); dumpFile: "" for no trigger.
+  Watchdog(std::chrono::milliseconds limit, std::chrono::milliseconds hostSilenceLimit, std::string dumpFile);
   ~Watchdog();
 
   void add(Watched* watched);
@@ -117,7 +122,8 @@ class Watchdog {
   void lookLocked(WatchClock::time_point now);  // holds mutex_
   void dumpIfAsked(WatchClock::time_point now);  // holds mutex_
 
-  const std::chrono::milliseconds limit_;  // 0: no stall reports
+  const std::chrono::milliseconds limit_;             // 0: no stall reports
+  const std::chrono::milliseconds hostSilenceLimit_;  // 0: no lost-host checks
   const std::string dumpFile_;
   std::mutex mutex_;
   std::condition_variable wake_;

@@ -1,32 +1,20 @@
 #include "proxy/protocol/handshake.h"
 
 #include <netinet/in.h>
-#include <sys/random.h>
+#include <poll.h>
 #include <sys/socket.h>
 
 #include <algorithm>
 #include <cstring>
 #include <mutex>
 
+#include "proxy/protocol/random.h"
 #include "railnet/error.h"
 #include "railnet/log.h"
+#include "railnet/text.h"
 
 namespace railnet::protocol {
 namespace {
-
-void randomBytes(void* out, size_t size) {
-  auto* bytes = static_cast<char*>(out);
-  while (size > 0) {
-    ssize_t got = getrandom(bytes, size, 0);
-    if (got < 0) {
-      if (errno == EINTR) continue;
-      int err = errno;
-      fail(ncclSystemError, "NET/railnet: getrandom failed: %s", errnoText(err).c_str());
-    }
-    bytes += got;
-    size -= static_cast<size_t>(got);
-  }
-}
 
 // A connect in progress. NCCL only lets us keep 128 bytes in the handle, so the handle stores a token and
 // the state lives here; a token we never issued is a corrupt or foreign handle, never a pointer we follow.
@@ -167,9 +155,22 @@ HandshakeListener::HandshakeListener(const std::vector<ListenAddress>& addresses
 }
 
 void HandshakeListener::reject(Arrival& arrival, const char* why) {
-  RN_WARN("NET/railnet: rejected a connection from %s to %s: %s", arrival.peer.toString().c_str(),
-          address_.toString().c_str(), why);
+  // A scanner must not flood NCCL's log: the first few rejections each get a WARN, then one per thousand.
+  ++rejected_;
+  if (rejected_ <= kRejectionsWarned || rejected_ % 1000 == 0) {
+    RN_WARN("NET/railnet: rejected a connection from %s to %s: %s%s", arrival.peer.toString().c_str(),
+            address_.toString().c_str(), why,
+            rejected_ == kRejectionsWarned ? " (further rejections: one WARN per thousand)"
+            : rejected_ > kRejectionsWarned ? textf(" (%llu rejected so far)",
+                                                    static_cast<unsigned long long>(rejected_)).c_str()
+                                            : "");
+  }
   arrival.fd.reset();
+}
+
+void HandshakeListener::dropOldestArrival(const char* why) {
+  reject(arrivals_.front(), why);
+  arrivals_.erase(arrivals_.begin());
 }
 
 void HandshakeListener::acceptArrivals() {
@@ -187,12 +188,26 @@ void HandshakeListener::acceptArrivals(size_t index) {
       if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) return;
       if (errno == ECONNABORTED) continue;
       int err = errno;
+      // Out of descriptors while connections without a hello hold some: a batch of those goes (oldest first) and
+      // accepting stops for this call, so hellos are read and a completed connection has descriptors left for its
+      // comm; a flood of strays cannot fail the job's setup. Only a process out of descriptors for its own
+      // connections fails.
+      if ((err == EMFILE || err == ENFILE) && !arrivals_.empty()) {
+        for (size_t dropped = 0; dropped < kDescriptorReserve && !arrivals_.empty(); ++dropped) {
+          dropOldestArrival("out of file descriptors, and it had sent no hello yet");
+        }
+        return;
+      }
       fail(ncclSystemError, "NET/railnet: accept on listener %zu of %s failed: %s", index, address_.toString().c_str(),
            socketErrorText(err).c_str());
     }
     arrival.fd.reset(fd);
-    configureStream(fd, options_.stream);
     arrival.since = std::chrono::steady_clock::now();
+    if (arrivals_.size() >= kMaxArrivals) {
+      // Give the waiting ones their chance first: a real connection sends its hello right after connecting.
+      std::erase_if(arrivals_, [this](Arrival& waiting) { return readHello(waiting); });
+      if (arrivals_.size() >= kMaxArrivals) dropOldestArrival("too many connections without a hello");
+    }
     arrivals_.push_back(std::move(arrival));
   }
 }
@@ -239,6 +254,9 @@ bool HandshakeListener::readHello(Arrival& arrival) {
     reject(arrival, "duplicate stream for its connection");
     return true;
   }
+  // Socket options (buffer sizes, keepalive) only once the hello proved the peer knows the secret: a stray's
+  // socket keeps the kernel's defaults (docs/security.md).
+  configureStream(arrival.fd.get(), options_.stream);
   place = std::move(arrival.fd);
   if (control) {
     group.peer.peer = arrival.peer;
@@ -251,9 +269,40 @@ bool HandshakeListener::readHello(Arrival& arrival) {
   return true;
 }
 
+bool HandshakeListener::abandoned(const Group& group) const {
+  // Nothing comes on a connection's sockets before it is accepted (the sender waits for clear-to-sends), so any
+  // readiness is its end: the connecting process died or gave up, and the rest of its sockets will never come.
+  std::vector<pollfd> sockets;
+  if (group.control.valid()) sockets.push_back(pollfd{group.control.get(), POLLRDHUP, 0});
+  for (const Fd& data : group.data) {
+    if (data.valid()) sockets.push_back(pollfd{data.get(), POLLRDHUP, 0});
+  }
+  if (poll(sockets.data(), sockets.size(), 0) <= 0) return false;
+  for (const pollfd& socket : sockets) {
+    if ((socket.revents & (POLLRDHUP | POLLHUP | POLLERR)) != 0) return true;
+  }
+  return false;
+}
+
+void HandshakeListener::dropAbandonedGroups() {
+  for (auto it = groups_.begin(); it != groups_.end();) {
+    const Group& group = it->second;
+    if (group.present == static_cast<int>(group.data.size()) + 1 || !abandoned(group)) {
+      ++it;
+      continue;
+    }
+    RN_WARN("NET/railnet: a connection to %s from %s was closed by its peer before all its sockets arrived (%d of "
+            "%zu): the connecting process died or gave up; dropped", address_.toString().c_str(),
+            group.control.valid() ? group.peer.peer.toString().c_str() : "a peer", group.present,
+            group.data.size() + 1);
+    it = groups_.erase(it);
+  }
+}
+
 void HandshakeListener::accept(std::unique_ptr<RecvComm>* comm) {
   acceptArrivals();
   std::erase_if(arrivals_, [this](Arrival& arrival) { return readHello(arrival); });
+  dropAbandonedGroups();
   for (auto it = groups_.begin(); it != groups_.end(); ++it) {
     Group& group = it->second;
     if (group.present != static_cast<int>(group.data.size()) + 1) continue;

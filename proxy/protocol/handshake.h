@@ -83,12 +83,25 @@ class HandshakeListener final : public ListenComm {
   // True when the arrival is finished with (accepted into a group, or rejected).
   bool readHello(Arrival& arrival);
   void reject(Arrival& arrival, const char* why);
+  void dropOldestArrival(const char* why);
+  // Incomplete groups one of whose sockets was closed by the peer (its process died mid-connect) are dropped, so
+  // they hold no descriptor until the listen comm closes.
+  bool abandoned(const Group& group) const;
+  void dropAbandonedGroups();
+
+  // Connections accepted and waiting for their hello, at most; a new one beyond this drops the oldest. Each costs a
+  // descriptor and one Arrival until RAILNET_STRAY_TIMEOUT_MS (docs/security.md).
+  static constexpr size_t kMaxArrivals = 1024;
+  static constexpr uint64_t kRejectionsWarned = 10;
+  // Out of descriptors: this many waiting connections are dropped at once, room for a comm's sockets and threads.
+  static constexpr size_t kDescriptorReserve = 32;
 
   std::vector<Fd> listeners_;  // [i] listens on the device's i-th NIC
   SocketAddress address_;       // the first listener's
   ConnectOptions options_;
   uint64_t secret_[2];
-  std::vector<Arrival> arrivals_;
+  std::vector<Arrival> arrivals_;  // oldest first
+  uint64_t rejected_ = 0;
   std::map<uint64_t, Group> groups_;
 };
 

@@ -124,15 +124,18 @@ void configureStream(int fd, const StreamOptions& options) {
   if (options.peerTimeoutMs > 0) {
     // Keepalive only: the peer's kernel answers its probes even while the process is stopped or busy, so only
     // a host or link that is really gone trips it (after about peerTimeoutMs of silence: idle for half of it,
-    // then kKeepaliveProbes unanswered probes over the other half). No TCP_USER_TIMEOUT: it also bounds
-    // zero-window probing and unacknowledged data, so it failed live receivers that stopped reading for longer
-    // than the timeout (docs/reliability.md, decisions D58).
-    constexpr int kKeepaliveProbes = 5;
-    const int halfSeconds = std::max(1, options.peerTimeoutMs / 2000);
+    // then unanswered probes over the other half, up to 5). No TCP_USER_TIMEOUT: it also bounds zero-window
+    // probing and unacknowledged data, so it failed live receivers that stopped reading for longer than the
+    // timeout (docs/reliability.md, decisions D58); connections with data in flight are the watchdog's
+    // lost-host check instead (protocol/host_silence.h, D78).
+    const int seconds = std::max(2, options.peerTimeoutMs / 1000);
+    const int idleSeconds = seconds / 2;
+    const int probeSeconds = std::max(1, (seconds - idleSeconds) / 5);
+    const int probes = std::clamp((seconds - idleSeconds) / probeSeconds, 1, 127);
     setOption(fd, SOL_SOCKET, SO_KEEPALIVE, 1, "SO_KEEPALIVE");
-    setOption(fd, IPPROTO_TCP, TCP_KEEPIDLE, halfSeconds, "TCP_KEEPIDLE");
-    setOption(fd, IPPROTO_TCP, TCP_KEEPINTVL, std::max(1, halfSeconds / kKeepaliveProbes), "TCP_KEEPINTVL");
-    setOption(fd, IPPROTO_TCP, TCP_KEEPCNT, kKeepaliveProbes, "TCP_KEEPCNT");
+    setOption(fd, IPPROTO_TCP, TCP_KEEPIDLE, idleSeconds, "TCP_KEEPIDLE");
+    setOption(fd, IPPROTO_TCP, TCP_KEEPINTVL, probeSeconds, "TCP_KEEPINTVL");
+    setOption(fd, IPPROTO_TCP, TCP_KEEPCNT, probes, "TCP_KEEPCNT");
   }
   if (options.bufferBytes > 0) {
     setOption(fd, SOL_SOCKET, SO_SNDBUF, options.bufferBytes, "SO_SNDBUF");

@@ -59,4 +59,13 @@ void DataStreams::stop() {
   }
 }
 
+std::optional<std::string> DataStreams::peerHostLost(int controlFd, std::chrono::steady_clock::time_point now,
+                                                     std::chrono::milliseconds limit) {
+  silenceFds_.assign(1, controlFd);
+  for (int s = 0; s < count(); ++s) silenceFds_.push_back((*this)[s].fd());
+  const auto silent = hostSilence_.look(silenceFds_, now, limit);
+  if (!silent) return std::nullopt;
+  return protocol::describeHostSilence(*silent);
+}
+
 }  // namespace railnet::tcp

@@ -2,11 +2,15 @@
 // progress engine, plus which NIC's counters each stream adds to.
 #pragma once
 
+#include <chrono>
 #include <memory>
+#include <optional>
+#include <string>
 #include <vector>
 
 #include "proxy/nic_counters.h"
 #include "proxy/progress/engine.h"
+#include "proxy/protocol/host_silence.h"
 #include "proxy/shaping/fabric_shaper.h"
 #include "proxy/tcp/stream.h"
 
@@ -40,6 +44,13 @@ class DataStreams {
   int helpersServing() const { return helpersServing_; }
   Stream& operator[](int index) { return *streams_[static_cast<size_t>(index)]; }
 
+  // The lost-host look over the connection's control socket and these streams (protocol/host_silence.h): the
+  // failure to record when one of them waited `limit` for an acknowledgement. From the watchdog thread only, while
+  // something is in flight; peerHostIdle() when nothing is.
+  std::optional<std::string> peerHostLost(int controlFd, std::chrono::steady_clock::time_point now,
+                                          std::chrono::milliseconds limit);
+  void peerHostIdle() noexcept { hostSilence_.reset(); }
+
  private:
   std::vector<Fd> pending_;  // sockets until start()
   std::vector<NicCounters*> counters_;
@@ -48,6 +59,8 @@ class DataStreams {
   std::vector<std::unique_ptr<Stream>> streams_;
   bool started_ = false;
   int helpersServing_ = 1;
+  protocol::HostSilenceWatch hostSilence_;  // the watchdog thread's
+  std::vector<int> silenceFds_;             // the watchdog thread's: control, then the streams
 };
 
 }  // namespace railnet::tcp

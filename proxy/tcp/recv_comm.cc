@@ -27,8 +27,10 @@ TcpRecvComm::TcpRecvComm(Fd control, std::vector<Fd> data, const protocol::Socke
   if (!layout.nics.empty()) control_.setCounters(layout.nics[0]);
   streams_.setCounters(layout);
   ring_.prepare([this](RecvRequest& entry) { entry.setOwner(this); });
-  streams_.start(this);
+  // Counted before the helpers get the streams: a peer that died before this accept has each stream's end of
+  // stream reported at once, and a count stored after those reports would never reach 0 (the receive hung).
   openStreams_.store(streams_.count(), std::memory_order_release);
+  streams_.start(this);
   watchdog_.start(this);
 }
 
@@ -282,6 +284,22 @@ void TcpRecvComm::watch(progress::WatchClock::time_point now, std::chrono::milli
               static_cast<unsigned long long>(received), describeReceive(request).c_str(), stagingState().c_str());
     });
   });
+}
+
+void TcpRecvComm::watchPeerHost(progress::WatchClock::time_point now, std::chrono::milliseconds silenceLimit) noexcept {
+  std::unique_lock<std::mutex> lock(mutex_, std::try_to_lock);
+  if (!lock.owns_lock() || peerGone()) return;
+  bool inFlight = false;
+  ring_.forEachPosted([&](RecvRequest& request) { inFlight = inFlight || !request.complete(); });
+  if (!inFlight) {
+    streams_.peerHostIdle();
+    return;
+  }
+  try {
+    if (auto lost = streams_.peerHostLost(control_.fd(), now, silenceLimit)) control_.recordFailure(*lost);
+  } catch (...) {
+    // Out of memory for a vector of descriptors: look again next round.
+  }
 }
 
 void TcpRecvComm::describe(progress::WatchClock::time_point now, std::vector<std::string>* lines) noexcept {

@@ -61,6 +61,7 @@ class TcpRecvComm final : public RecvComm, private StreamOwner, private progress
   // The watchdog's look (proxy/progress/watchdog.h): a receive with no new byte for the limit gets one WARN with
   // everything that could hold it.
   void watch(progress::WatchClock::time_point now, std::chrono::milliseconds limit) noexcept override;
+  void watchPeerHost(progress::WatchClock::time_point now, std::chrono::milliseconds silenceLimit) noexcept override;
   void describe(progress::WatchClock::time_point now, std::vector<std::string>* lines) noexcept override;
   std::string describeReceive(const RecvRequest& request) const;  // holds mutex_
   std::string stagingState();                               // holds mutex_

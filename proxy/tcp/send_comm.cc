@@ -142,8 +142,10 @@ ncclResult_t TcpSendComm::isend(void* data, size_t size, int tag, MemoryRegion* 
             tag, control_.peerName().c_str(), static_cast<unsigned long>(capacity));
     return ncclInvalidUsage;
   }
-  if (stagedPieceBytes != 0 && ((stagedPieceBytes & (stagedPieceBytes - 1)) != 0 ||
-                                (fromGpu && stagedPieceBytes > staging_.pieceBytes()))) {
+  // The range is RAILNET_TCP_STAGING_PIECE_BYTES's: a peer's value is not trusted to be one (a piece of 1 byte would
+  // queue one piece per byte).
+  if (stagedPieceBytes != 0 && ((stagedPieceBytes & (stagedPieceBytes - 1)) != 0 || stagedPieceBytes < (64 << 10) ||
+                                stagedPieceBytes > (64 << 20) || (fromGpu && stagedPieceBytes > staging_.pieceBytes()))) {
     RN_WARN("NET/railnet: %s stages GPU memory in pieces of %lu bytes, this process in pieces of %lu: set the same "
             "RAILNET_TCP_STAGING_PIECE_BYTES (a power of two) on every rank",
             control_.peerName().c_str(), static_cast<unsigned long>(stagedPieceBytes),
@@ -418,6 +420,20 @@ void TcpSendComm::watch(progress::WatchClock::time_point now, std::chrono::milli
       reportStalled(request, now);
     });
   });
+}
+
+void TcpSendComm::watchPeerHost(progress::WatchClock::time_point now, std::chrono::milliseconds silenceLimit) noexcept {
+  std::unique_lock<std::mutex> lock(mutex_, std::try_to_lock);
+  if (!lock.owns_lock() || control_.failed()) return;
+  if (requests_.available() == requests_.capacity()) {
+    streams_.peerHostIdle();
+    return;
+  }
+  try {
+    if (auto lost = streams_.peerHostLost(control_.fd(), now, silenceLimit)) control_.recordFailure(*lost);
+  } catch (...) {
+    // Out of memory for a vector of descriptors: look again next round.
+  }
 }
 
 void TcpSendComm::describe(progress::WatchClock::time_point now, std::vector<std::string>* lines) noexcept {

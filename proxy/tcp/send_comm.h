@@ -94,6 +94,7 @@ class TcpSendComm final : public SendComm, private StreamOwner, private progress
   // The watchdog's look (proxy/progress/watchdog.h): a send that wrote no byte for the limit gets one WARN with
   // its pieces, copies, slots and streams.
   void watch(progress::WatchClock::time_point now, std::chrono::milliseconds limit) noexcept override;
+  void watchPeerHost(progress::WatchClock::time_point now, std::chrono::milliseconds silenceLimit) noexcept override;
   void describe(progress::WatchClock::time_point now, std::vector<std::string>* lines) noexcept override;
   void reportStalled(const SendRequest& request, progress::WatchClock::time_point now);  // holds mutex_
   std::string stagingState();  // holds mutex_

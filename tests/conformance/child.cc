@@ -103,7 +103,11 @@ void runChild(const ChildOptions& o) {
   if (o.sender) {
     ConnHandle handle;
     REQUIRE(fromHex(o.handleHex, handle.bytes, sizeof(handle.bytes)), "child: bad handle");
+    std::printf("CONNECTING\n");  // the kills during connect time themselves from here
+    std::fflush(stdout);
     Comm send = connectLoop(*net, ctx.get(), o.dev, handle, forever());
+    std::printf("CONNECTED\n");
+    std::fflush(stdout);
     sendForever(*net, send.get(), o.size);
   } else {
     ConnHandle handle;
@@ -252,6 +256,10 @@ int childMain(int argc, char** argv) {
       runChild(parseChild(argc, argv));
   } catch (const std::exception& e) {
     std::fprintf(stderr, "conformance child: %s\n", e.what());
+    // The parent may be waiting for this (group host_loss): the failure and the plugin's first WARN.
+    const std::vector<LogRecord> warnings = warningsSince(0);
+    std::printf("FAILED %s; WARN: %s\n", e.what(), warnings.empty() ? "none" : warnings.front().text.c_str());
+    std::fflush(stdout);
     return 1;
   }
   return 0;
@@ -342,20 +350,22 @@ std::vector<std::string> childGinRankArgs(const std::string& symbol, const std::
 }
 
 Comm acceptFromChildSender(NetApi& net, void* ctx, int version, int dev, size_t size,
-                           std::unique_ptr<ChildProcess>* child) {
+                           std::unique_ptr<ChildProcess>* child, int* listenPort) {
   ConnHandle handle;
   Comm listener = listenOn(net, ctx, dev, &handle);
+  if (listenPort != nullptr) *listenPort = handleAddress(handle).port;
   *child = std::make_unique<ChildProcess>(childSenderArgs(toHex(handle.bytes, sizeof(handle.bytes)), version, dev, size));
   Comm recv = acceptLoop(net, listener.get(), Deadline());
   REQUIRE_OK(listener.close());
   return recv;
 }
 
-Comm connectToChildReceiver(NetApi& net, void* ctx, int dev, ChildProcess& child) {
+Comm connectToChildReceiver(NetApi& net, void* ctx, int dev, ChildProcess& child, int* childPort) {
   const std::string line = child.readLine(Deadline());
   ConnHandle handle;
   REQUIRE(line.rfind("HANDLE ", 0) == 0 && fromHex(line.substr(7), handle.bytes, sizeof(handle.bytes)),
           "the child receiver printed no handle: " + line);
+  if (childPort != nullptr) *childPort = handleAddress(handle).port;
   return connectLoop(net, ctx, dev, handle, Deadline());
 }
 

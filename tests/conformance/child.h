@@ -16,7 +16,8 @@ namespace conformance {
 
 // True when argv asks for a child role (--child-sender HEX / --child-receiver / --child-gin-rank HEX).
 bool isChildInvocation(int argc, char** argv);
-// Runs the child role; returns the exit code (it normally runs until killed).
+// Runs the child role; returns the exit code (it normally runs until killed). A child whose call fails prints
+// "FAILED <why>; WARN: <the plugin's first WARN>" on stdout before it exits.
 int childMain(int argc, char** argv);
 
 // A copy of this executable with the given arguments, stdout piped to us; SIGKILLed and reaped on destruction.
@@ -42,7 +43,8 @@ class ChildProcess {
   std::string pending_;
 };
 
-// The arguments for a child that connects with `handle` and sends `size`-byte messages forever.
+// The arguments for a child that prints "CONNECTING", connects with `handle`, prints "CONNECTED" and sends
+// `size`-byte messages forever.
 std::vector<std::string> childSenderArgs(const std::string& handleHex, int version, int dev, size_t size);
 // The arguments for a child that listens, prints "HANDLE <hex>", accepts and receives forever. With `report`,
 // it checks each message against childPatternSeed() and prints "RECEIVED OK" (or "RECEIVED BAD ...").
@@ -63,10 +65,11 @@ std::vector<std::string> childGinRankArgs(const std::string& symbol, const std::
                                           size_t windowBytes, size_t checkBytes);
 
 // The receive comm of a connection from a child sender of `size`-byte messages: listens on `dev`, starts the
-// child (*child) with the handle, accepts and closes the listener.
+// child (*child) with the handle, accepts and closes the listener. *listenPort: the port the child connected to.
 Comm acceptFromChildSender(NetApi& net, void* ctx, int version, int dev, size_t size,
-                           std::unique_ptr<ChildProcess>* child);
-// The send comm of a connection to a child receiver: reads its "HANDLE <hex>" line and connects.
-Comm connectToChildReceiver(NetApi& net, void* ctx, int dev, ChildProcess& child);
+                           std::unique_ptr<ChildProcess>* child, int* listenPort = nullptr);
+// The send comm of a connection to a child receiver: reads its "HANDLE <hex>" line and connects. *childPort: the
+// port the child listened on.
+Comm connectToChildReceiver(NetApi& net, void* ctx, int dev, ChildProcess& child, int* childPort = nullptr);
 
 }  // namespace conformance

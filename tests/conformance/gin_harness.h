@@ -28,8 +28,6 @@
 
 namespace conformance {
 
-constexpr size_t KiB = size_t{1} << 10;
-constexpr size_t MiB = size_t{1} << 20;
 constexpr uint8_t kBackground = 0x5A;  // what target windows hold where nothing may be written
 constexpr uint8_t kGuard = 0xC3;       // the bytes right after a registered window, in the same allocation
 constexpr size_t kGuardBytes = 4096;

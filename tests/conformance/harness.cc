@@ -541,4 +541,10 @@ int runHarness(int argc, char** argv) {
   return failed == 0 ? 0 : 1;
 }
 
+bool sanitizedBuild() { return kSanitized; }
+
+void skipUnlessHeavy(const TestEnv& env) {
+  if (!env.heavy) SKIP("runs in the newest version's pass only (it waits for seconds; the ABI version does not matter)");
+}
+
 }  // namespace conformance

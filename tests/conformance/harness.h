@@ -153,6 +153,9 @@ class ThreadGroup {
   std::atomic<bool> abort_{false};
 };
 
+inline constexpr size_t KiB = size_t{1} << 10;
+inline constexpr size_t MiB = size_t{1} << 20;
+
 // What a test case runs against.
 struct TestEnv {
   NetApi* net = nullptr;  // the version under test, from the shared load (nullptr for Once tests)
@@ -177,18 +180,27 @@ struct TestCase {
 
 std::vector<TestCase>& registry();
 
+// True in ASan, UBSan and TSan builds (they keep freed memory and slow everything down).
+bool sanitizedBuild();
+
+// For cases that cost seconds of waiting and do not depend on the ABI version: they run in the pass that carries
+// the largest sizes (the newest version, or the one --version names) and SKIP in the others.
+void skipUnlessHeavy(const TestEnv& env);
+
 struct Registrar {
   Registrar(const char* group, const char* name, Scope scope, void (*fn)(TestEnv&));
 };
 
 #define CONFORMANCE_CONCAT2(a, b) a##b
 #define CONFORMANCE_CONCAT(a, b) CONFORMANCE_CONCAT2(a, b)
-// TEST_CASE("group", "name", Scope::X) { ... env ... }
-#define TEST_CASE(group, name, scope)                                                                                  \
-  static void CONFORMANCE_CONCAT(testFn_, __LINE__)(::conformance::TestEnv & env);                                     \
-  static const ::conformance::Registrar CONFORMANCE_CONCAT(testReg_, __LINE__)(group, name, scope,                     \
-                                                                               CONFORMANCE_CONCAT(testFn_, __LINE__)); \
-  static void CONFORMANCE_CONCAT(testFn_, __LINE__)([[maybe_unused]] ::conformance::TestEnv & env)
+// TEST_CASE("group", "name", Scope::X) { ... env ... }. Names come from __COUNTER__, not __LINE__: the harness is
+// a unity build, where two files' tests may sit on the same line number of one translation unit.
+#define TEST_CASE(group, name, scope) CONFORMANCE_TEST_CASE(group, name, scope, __COUNTER__)
+#define CONFORMANCE_TEST_CASE(group, name, scope, id)                                                         \
+  static void CONFORMANCE_CONCAT(testFn_, id)(::conformance::TestEnv & env);                                  \
+  static const ::conformance::Registrar CONFORMANCE_CONCAT(testReg_, id)(group, name, scope,                  \
+                                                                          CONFORMANCE_CONCAT(testFn_, id)); \
+  static void CONFORMANCE_CONCAT(testFn_, id)([[maybe_unused]] ::conformance::TestEnv & env)
 
 // What a whole group needs of the machine (e.g. a GPU): `unmet` returns "" when its tests can run, else why
 // not. The runner asks before running anything; when unmet it prints "SKIP <group>: <why>" once and drops the
@@ -206,7 +218,7 @@ struct RequirementRegistrar {
 
 // GROUP_REQUIRES("group", function returning "" or the reason to skip the group);
 #define GROUP_REQUIRES(group, unmet) \
-  static const ::conformance::RequirementRegistrar CONFORMANCE_CONCAT(groupRequirement_, __LINE__)(group, unmet)
+  static const ::conformance::RequirementRegistrar CONFORMANCE_CONCAT(groupRequirement_, __COUNTER__)(group, unmet)
 
 // The exit status of a run in which nothing ran because every selected group's requirement was unmet.
 inline constexpr int kExitSkipped = 77;

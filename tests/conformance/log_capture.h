@@ -33,6 +33,9 @@ std::vector<LogRecord> warningsSince(uint64_t mark);
 // Records of `level` (NCCL_LOG_INFO, ...) logged since `mark`.
 std::vector<LogRecord> recordsSince(uint64_t mark, int level);
 
+// How long a test waits for a WARN the plugin may log from one of its own threads after the call returned.
+inline constexpr std::chrono::milliseconds kWarnGrace{1000};
+
 // True once a WARN logged since `mark` contains every string in `needles`; waits up to `timeout` because
 // the plugin may log from one of its own threads a little after the failing call returned.
 bool waitForWarning(uint64_t mark, const std::vector<std::string>& needles, std::chrono::milliseconds timeout);

@@ -10,8 +10,6 @@
 namespace conformance {
 namespace {
 
-constexpr size_t KiB = size_t{1} << 10;
-constexpr size_t MiB = size_t{1} << 20;
 
 }  // namespace
 

@@ -18,8 +18,6 @@
 namespace conformance {
 namespace {
 
-constexpr auto kWarnGrace = std::chrono::milliseconds(1000);
-
 void requireWarning(uint64_t mark, const std::string& after, const std::vector<std::string>& needles = {}) {
   std::string wanted;
   for (const std::string& n : needles) wanted += " \"" + n + "\"";

@@ -24,8 +24,6 @@
 namespace conformance {
 namespace {
 
-constexpr size_t KiB = size_t{1} << 10;
-constexpr size_t MiB = size_t{1} << 20;
 constexpr size_t kDefaultMinStripe = 256 * KiB;  // RAILNET_FUSION_MIN_STRIPE_BYTES' default
 constexpr size_t kInlineBytes = 64 * KiB;         // RAILNET_TCP_INLINE_BYTES' default
 constexpr size_t kEagerBytes = 224;               // verbs: a message this small travels inside its notice

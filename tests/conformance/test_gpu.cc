@@ -26,8 +26,6 @@
 namespace conformance {
 namespace {
 
-constexpr size_t KiB = size_t{1} << 10;
-constexpr size_t MiB = size_t{1} << 20;
 constexpr MemKind kGpu = MemKind::Gpu;
 constexpr MemKind kHost = MemKind::Host;
 constexpr int kMaxRecvs = 8;

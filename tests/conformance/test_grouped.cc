@@ -11,50 +11,9 @@
 namespace conformance {
 namespace {
 
-constexpr size_t KiB = size_t{1} << 10;
-constexpr size_t MiB = size_t{1} << 20;
 constexpr int kMaxRecvs = 8;
 
-// Grouped receives listing `tagsOf(g)`, each buffer `capacity(g, b)` bytes, and one send per buffer no larger
-// than it, in group-major order (every peer sends its k-th message for the k-th receive).
-template <typename Tags, typename Capacity>
-Plan groupedPlan(int groups, Tags tagsOf, Capacity capacity, uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  Plan plan;
-  plan.seed = seed;
-  for (int g = 0; g < groups; ++g) {
-    const std::vector<int> tags = tagsOf(g, rng);
-    RecvGroup group;
-    for (size_t b = 0; b < tags.size(); ++b) {
-      const size_t cap = capacity(g, rng);
-      group.push_back({tags[b], cap});
-      plan.sends.push_back({tags[b], randomSize(rng, cap)});
-    }
-    plan.recvs.push_back(group);
-  }
-  return plan;
-}
-
 std::vector<int> allTags(int, std::mt19937_64&) { return {0, 1, 2, 3, 4, 5, 6, 7}; }
-
-// Reorders the sends while keeping each tag's own order (which decides matching): picks the next tag by
-// `chooseTag` among tags that still have sends.
-template <typename Choose>
-void interleave(Plan& plan, Choose chooseTag) {
-  std::map<int, std::vector<SendSpec>> byTag;
-  for (const SendSpec& s : plan.sends) byTag[s.tag].push_back(s);
-  std::map<int, size_t> next;
-  std::vector<SendSpec> order;
-  while (order.size() < plan.sends.size()) {
-    std::vector<int> open;
-    for (const auto& [tag, list] : byTag) {
-      if (next[tag] < list.size()) open.push_back(tag);
-    }
-    const int tag = chooseTag(open);
-    order.push_back(byTag[tag][next[tag]++]);
-  }
-  plan.sends = order;
-}
 
 // All sends of one tag, then the next tag, in `tagOrder`.
 void tagMajor(Plan& plan, const std::vector<int>& tagOrder) {
@@ -64,11 +23,6 @@ void tagMajor(Plan& plan, const std::vector<int>& tagOrder) {
     }
     return open.front();
   });
-}
-
-void randomInterleave(Plan& plan, uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  interleave(plan, [&](const std::vector<int>& open) { return open[rng() % open.size()]; });
 }
 
 // Within each round of sends, tags in descending order.

@@ -7,7 +7,9 @@
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <poll.h>
+#include <signal.h>
 #include <sys/socket.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -15,8 +17,10 @@
 #include <cerrno>
 #include <cstring>
 #include <random>
+#include <thread>
 #include <vector>
 
+#include "child.h"
 #include "comms.h"
 #include "harness.h"
 #include "log_capture.h"
@@ -193,6 +197,69 @@ TEST_CASE("failure", "hostile_listener", Scope::PerVersion) {
   note(strf("%zu idle, 100 random-byte, 100 truncated-hello, 100 wrong-secret and 100 out-of-range strays dropped "
             "while an established connection moved checked data",
             idle));
+}
+
+// A flood of idle connections from another process while this one is short of descriptors: the listener drops the
+// oldest connections that sent no hello when accept4 runs out (EMFILE), so the flood cannot fail accept() and a
+// real peer behind it still connects. Rejections beyond the first ten are not each logged (a scanner must not
+// flood NCCL's log).
+TEST_CASE("failure", "strays_at_descriptor_limit", Scope::PerVersion) {
+  skipUnlessHeavy(env);
+  constexpr int kStrays = 600;
+  constexpr size_t kMessage = 64 * KiB;
+  NetApi& net = *env.net;
+  HostBuffer buffer(kMessage);
+  NetContext ctx(net, nextCommId());
+  ConnHandle handle;
+  Comm listener = listenOn(net, ctx.get(), env.dev, &handle);
+  const uint64_t mark = logMark();
+
+  // The flood comes from a forked process (its own descriptor table, as a remote scanner's would be). Between fork
+  // and exit it only makes system calls.
+  const pid_t flood = fork();
+  REQUIRE(flood >= 0, "fork failed");
+  if (flood == 0) {
+    for (int i = 0; i < kStrays; ++i) {
+      if (rawConnect(handle) < 0) _exit(1);
+    }
+    for (;;) pause();
+  }
+  struct Reap {
+    pid_t pid;
+    ~Reap() {
+      kill(pid, SIGKILL);
+      int status = 0;
+      waitpid(pid, &status, 0);
+    }
+  } reap{flood};
+  // Let the flood's handshakes complete into the listener's backlog before the real peer queues behind them.
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+
+  // This process may open only a few dozen more descriptors: far fewer than the strays.
+  FileLimit limit;
+  REQUIRE(limit.setSoft(openFileCount() + 48), "cannot lower RLIMIT_NOFILE");
+  ChildProcess sender(childSenderArgs(toHex(handle.bytes, sizeof(handle.bytes)), env.version, env.dev, kMessage));
+  Comm recv = acceptLoop(net, listener.get(), Deadline(std::chrono::seconds(30)));
+  REQUIRE_OK(listener.close());
+  Registration reg(net, recv.get(), buffer.data(), kMessage);
+  for (int message = 0; message < 3; ++message) {
+    void* request = postRecv(net, recv.get(), buffer.data(), kMessage, reg.handle(), Deadline());
+    int size = 0;
+    REQUIRE_OK(waitRequest(net, request, &size, Deadline()));
+    REQUIRE(static_cast<size_t>(size) == kMessage && findMismatch(buffer.data(), kMessage, childPatternSeed()) == SIZE_MAX,
+            "a message from the real peer arrived damaged");
+  }
+  int warned = 0;
+  int droppedForDescriptors = 0;
+  for (const LogRecord& record : warningsSince(mark)) {
+    if (record.text.find("rejected a connection") == std::string::npos) continue;
+    ++warned;
+    droppedForDescriptors += record.text.find("out of file descriptors") != std::string::npos;
+  }
+  REQUIRE(droppedForDescriptors > 0, "no stray was dropped for want of descriptors; warnings:\n" + describeWarnings(mark));
+  REQUIRE(warned <= 11, strf("%d WARNs for rejected connections: the first ten and one per thousand expected", warned));
+  note(strf("%d idle strays from another process at a limit of 48 spare descriptors; the real peer connected; %d "
+            "rejection WARNs", kStrays, warned));
 }
 
 }  // namespace conformance

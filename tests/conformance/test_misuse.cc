@@ -13,8 +13,6 @@
 namespace conformance {
 namespace {
 
-constexpr auto kWarnGrace = std::chrono::milliseconds(1000);
-
 std::string pointerText(const void* pointer) { return strf("%p", pointer); }
 
 // `call` must return ncclInvalidUsage and log a WARN containing every needle.

@@ -196,3 +196,227 @@ TEST_CASE("failure", "killed_at_random", Scope::PerVersion) {
 }
 
 }  // namespace conformance
+
+namespace conformance {
+namespace {
+
+// How many trials per phase: RAILNET_TEST_KILL_TRIALS (3 in CI, where the points are fixed).
+int killTrials() {
+  const char* set = std::getenv("RAILNET_TEST_KILL_TRIALS");
+  return set != nullptr ? std::atoi(set) : 3;
+}
+
+// Calls accept on `listener` as NCCL does until this process holds no more than `files` descriptors; a comm that
+// comes out of it (the dead peer had connected all its sockets) must fail its first receive within the limit.
+void acceptUntilReleased(NetApi& net, void* listener, size_t files, Clock::time_point killedAt, const char* what) {
+  HostBuffer buffer(4096);
+  for (Backoff backoff; openFileCount() > files; backoff.idle()) {
+    REQUIRE(Clock::now() - killedAt < kDetectLimit,
+            strf("%s: %zu descriptors still held %lld ms after the connecting peer died (%zu before)", what,
+                 openFileCount(),
+                 static_cast<long long>(std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - killedAt)
+                                            .count()),
+                 files));
+    void* recvComm = nullptr;
+    DevComm* devComm = nullptr;
+    REQUIRE_OK(net.accept(listener, &recvComm, &devComm));
+    if (recvComm == nullptr) continue;
+    Comm recv(&net, Comm::Kind::Recv, recvComm);
+    Registration reg(net, recv.get(), buffer.data(), buffer.size());
+    void* request = nullptr;
+    void* data = buffer.data();
+    size_t size = buffer.size();
+    int tag = 0;
+    void* mhandle = reg.handle();
+    ncclResult_t rc = net.irecv(recv.get(), 1, &data, &size, &tag, &mhandle, &request);
+    while (rc == ncclSuccess && Clock::now() - killedAt < kDetectLimit) {
+      int done = 0;
+      rc = request != nullptr ? net.test(request, &done, nullptr)
+                              : net.irecv(recv.get(), 1, &data, &size, &tag, &mhandle, &request);
+      REQUIRE(!done, strf("%s: a receive from the dead peer completed", what));
+    }
+    REQUIRE(rc == ncclRemoteError, strf("%s: the comm of the dead peer gave %s within 2 s, not ncclRemoteError", what,
+                                        ncclResultName(rc)));
+  }
+}
+
+}  // namespace
+
+// The peer dies during setup or while we close (issue 11's kills at connect, accept and close): a listener whose
+// connecting peer died drops the half-made connection at once (its descriptors are released while NCCL keeps calling
+// accept) and still takes the next peer; a connector whose listening peer died fails within 2 s naming it; a comm
+// closed with a request pending while its peer dies returns at once and leaves no descriptor behind.
+TEST_CASE("failure", "killed_during_setup", Scope::PerVersion) {
+  skipUnlessHeavy(env);
+  NetApi& net = *env.net;
+  const int trials = killTrials();
+  std::mt19937_64 rng(trials > 3 ? std::random_device()() : 13);
+  constexpr size_t kSize = 64 * KiB;
+  HostBuffer buffer(kSize);
+  fillPattern(buffer.data(), kSize, childPatternSeed());
+  std::vector<long long> detectMs;
+
+  // The connecting peer dies 0-3 ms after it starts to connect: before, between or after its sockets.
+  {
+    NetContext ctx(net, nextCommId());
+    ConnHandle handle;
+    Comm listener = listenOn(net, ctx.get(), env.dev, &handle);
+    const size_t files = openFileCount();
+    for (int trial = 0; trial < trials; ++trial) {
+      const auto delay = std::chrono::microseconds(rng() % 3000);
+      Clock::time_point killedAt;
+      {
+        ChildProcess child(childSenderArgs(toHex(handle.bytes, sizeof(handle.bytes)), env.version, env.dev, kSize));
+        REQUIRE(child.readLine(Deadline()) == "CONNECTING", "the child sender did not start connecting");
+        std::this_thread::sleep_for(delay);
+        child.kill();
+        killedAt = Clock::now();
+      }
+      acceptUntilReleased(net, listener.get(), files, killedAt,
+                          strf("connect trial %d (killed %lld us in)", trial, static_cast<long long>(delay.count()))
+                              .c_str());
+    }
+    // A peer that connected completely and died before NCCL accepted it: its comm comes out of accept and its first
+    // receive fails (a receive comm that counted its streams after starting them missed their ends and hung).
+    for (int trial = 0; trial < std::min(trials, 3); ++trial) {
+      Clock::time_point killedAt;
+      {
+        ChildProcess child(childSenderArgs(toHex(handle.bytes, sizeof(handle.bytes)), env.version, env.dev, kSize));
+        REQUIRE(child.readLine(Deadline()) == "CONNECTING", "the child sender did not start connecting");
+        REQUIRE(child.readLine(Deadline()) == "CONNECTED", "the child sender did not connect");
+        child.kill();
+        killedAt = Clock::now();
+      }
+      void* recvComm = nullptr;
+      for (Backoff backoff; recvComm == nullptr; backoff.idle()) {
+        REQUIRE(Clock::now() - killedAt < kDetectLimit, "the dead peer's complete connection was not accepted");
+        DevComm* devComm = nullptr;
+        REQUIRE_OK(net.accept(listener.get(), &recvComm, &devComm));
+      }
+      Comm recv(&net, Comm::Kind::Recv, recvComm);
+      Registration reg(net, recv.get(), buffer.data(), kSize);
+      void* request = nullptr;
+      ncclResult_t rc = ncclSuccess;
+      for (Backoff backoff; rc == ncclSuccess; backoff.idle()) {
+        REQUIRE(Clock::now() - killedAt < kDetectLimit,
+                "a receive from a peer that died before accept did not fail within 2 s");
+        int done = 0;
+        if (request == nullptr) {
+          void* data = buffer.data();
+          size_t size = kSize;
+          int tag = 0;
+          void* mhandle = reg.handle();
+          rc = net.irecv(recv.get(), 1, &data, &size, &tag, &mhandle, &request);
+        } else {
+          rc = net.test(request, &done, nullptr);
+          REQUIRE(!done, "a receive from a dead peer completed");
+        }
+      }
+      REQUIRE(rc == ncclRemoteError, std::string("a receive from a dead peer failed with ") + ncclResultName(rc));
+    }
+    // The listener still takes a live peer. A dead peer that had connected completely may still wait in the
+    // kernel's backlog, ahead of it: its comm comes out first and its receive fails (as it must).
+    ChildProcess live(childSenderArgs(toHex(handle.bytes, sizeof(handle.bytes)), env.version, env.dev, kSize));
+    HostBuffer landing(kSize);
+    for (int dead = 0;; ++dead) {
+      REQUIRE(dead <= trials, "more failed connections than peers were killed");
+      Comm recv = acceptLoop(net, listener.get(), Deadline());
+      Registration reg(net, recv.get(), landing.data(), kSize);
+      void* request = postRecv(net, recv.get(), landing.data(), kSize, reg.handle(), Deadline());
+      const ncclResult_t rc = waitRequest(net, request, nullptr, Deadline());
+      if (rc == ncclRemoteError) continue;
+      REQUIRE_OK(rc);
+      REQUIRE(findMismatch(landing.data(), kSize, childPatternSeed()) == SIZE_MAX, "the live peer's message is damaged");
+      break;
+    }
+  }
+
+  // The listening peer dies 0-3 ms after we start to connect: connect fails, or its comm's first send does.
+  for (int trial = 0; trial < trials; ++trial) {
+    const auto delay = std::chrono::microseconds(rng() % 3000);
+    const std::string what = strf("accept trial %d (killed %lld us in)", trial, static_cast<long long>(delay.count()));
+    NetContext ctx(net, nextCommId());
+    ChildProcess child(childReceiverArgs(env.version, env.dev, kSize));
+    const std::string line = child.readLine(Deadline());
+    ConnHandle handle;
+    REQUIRE(line.rfind("HANDLE ", 0) == 0 && fromHex(line.substr(7), handle.bytes, sizeof(handle.bytes)),
+            "the child receiver printed no handle: " + line);
+    const uint64_t mark = logMark();
+    const Clock::time_point start = Clock::now();
+    std::optional<Clock::time_point> killedAt;
+    Comm send;
+    ncclResult_t rc = ncclSuccess;
+    void* request = nullptr;
+    std::optional<Registration> reg;
+    for (Backoff backoff; rc == ncclSuccess; backoff.idle()) {
+      if (!killedAt && Clock::now() - start >= delay) {
+        child.kill();
+        killedAt = Clock::now();
+      }
+      REQUIRE(!killedAt || Clock::now() - *killedAt < kDetectLimit,
+              what + ": nothing failed within 2 s of the listening peer's death");
+      if (send.get() == nullptr) {
+        void* sendComm = nullptr;
+        DevComm* devComm = nullptr;
+        rc = net.connect(ctx.get(), env.dev, handle.bytes, &sendComm, &devComm);
+        if (sendComm != nullptr) {
+          send = Comm(&net, Comm::Kind::Send, sendComm);
+          reg.emplace(net, send.get(), buffer.data(), kSize);
+        }
+      } else if (request == nullptr) {
+        rc = net.isend(send.get(), buffer.data(), kSize, 0, reg->handle(), &request);
+      } else {
+        int done = 0;
+        rc = net.test(request, &done, nullptr);
+        if (rc == ncclSuccess && done) request = nullptr;  // delivered before the kill: go again
+      }
+    }
+    REQUIRE(killedAt.has_value(), what + ": failed before the peer was killed: " + ncclResultName(rc));
+    REQUIRE(rc == ncclRemoteError || rc == ncclSystemError,
+            what + ": failed with " + ncclResultName(rc) + ", not a remote or system error");
+    REQUIRE(waitForWarning(mark, {"127.0.0.1"}, kWarnGrace), what + ": no WARN names the peer; warnings:\n" +
+                                                                 describeWarnings(mark));
+    detectMs.push_back(std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - *killedAt).count());
+  }
+
+  // The peer dies as we close a comm with a request pending: close returns at once and releases everything.
+  for (int trial = 0; trial < trials; ++trial) {
+    const bool weSend = trial % 2 == 0;
+    NetContext ctx(net, nextCommId());
+    const size_t files = openFileCount();
+    {
+      std::unique_ptr<ChildProcess> child;
+      Comm comm;
+      if (weSend) {
+        child = std::make_unique<ChildProcess>(childReceiverArgs(env.version, env.dev, kSize));
+        comm = connectToChildReceiver(net, ctx.get(), env.dev, *child);
+      } else {
+        comm = acceptFromChildSender(net, ctx.get(), env.version, env.dev, kSize, &child);
+      }
+      void* mhandle = nullptr;
+      REQUIRE_OK(net.regMr(comm.get(), buffer.data(), kSize, NCCL_PTR_HOST, &mhandle));
+      void* request = nullptr;
+      if (weSend) {
+        request = postSend(net, comm.get(), buffer.data(), kSize, 0, mhandle, Deadline());
+      } else {
+        request = postRecv(net, comm.get(), buffer.data(), kSize, mhandle, Deadline());
+      }
+      (void)request;  // left pending: closing with it in flight is the point
+      child->kill();
+      const Clock::time_point killedAt = Clock::now();
+      REQUIRE_OK(net.deregMr(comm.get(), mhandle));
+      REQUIRE_OK(comm.close());
+      const auto took = Clock::now() - killedAt;
+      REQUIRE(took < kDetectLimit, strf("close trial %d: closing took %lld ms after the peer's death", trial,
+                                        static_cast<long long>(
+                                            std::chrono::duration_cast<std::chrono::milliseconds>(took).count())));
+    }
+    REQUIRE(openFileCount() <= files,
+            strf("close trial %d: %zu descriptors after closing, %zu before connecting", trial, openFileCount(), files));
+  }
+  std::sort(detectMs.begin(), detectMs.end());
+  note(strf("%d kills each during connect, accept and close: nothing held, nothing hung; a connector noticed its "
+            "listening peer's death in %lld ms at most", trials, detectMs.empty() ? 0LL : detectMs.back()));
+}
+
+}  // namespace conformance

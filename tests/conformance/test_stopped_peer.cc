@@ -63,10 +63,6 @@ void requireWatchdogReports(uint64_t mark, const char* what) {
   REQUIRE(reports == 1, strf("%d stall reports for one stalled request:\n%s", reports, describeWarnings(mark).c_str()));
 }
 
-void skipUnlessHeavy(const TestEnv& env) {
-  // The stop costs seconds and does not depend on the ABI version: one version per run carries it.
-  if (!env.heavy) SKIP("runs on the newest version only (a 3 s stop; the ABI version does not matter)");
-}
 
 }  // namespace
 

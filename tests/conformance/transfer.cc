@@ -635,6 +635,27 @@ Plan simplePlan(const std::vector<size_t>& sizes, int window, uint64_t seed) {
   return plan;
 }
 
+void interleave(Plan& plan, const std::function<int(const std::vector<int>&)>& chooseTag) {
+  std::map<int, std::vector<SendSpec>> byTag;
+  for (const SendSpec& s : plan.sends) byTag[s.tag].push_back(s);
+  std::map<int, size_t> next;
+  std::vector<SendSpec> order;
+  while (order.size() < plan.sends.size()) {
+    std::vector<int> open;
+    for (const auto& [tag, list] : byTag) {
+      if (next[tag] < list.size()) open.push_back(tag);
+    }
+    const int tag = chooseTag(open);
+    order.push_back(byTag[tag][next[tag]++]);
+  }
+  plan.sends = order;
+}
+
+void randomInterleave(Plan& plan, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  interleave(plan, [&](const std::vector<int>& open) { return open[rng() % open.size()]; });
+}
+
 Plan& placeMemory(Plan& plan, MemKind send, MemKind recv) {
   for (SendSpec& s : plan.sends) s.memory = send;
   for (RecvGroup& group : plan.recvs) {

@@ -61,6 +61,32 @@ struct Plan {
 Plan simplePlan(const std::vector<size_t>& sizes, int window, uint64_t seed);
 // `count` messages of random sizes up to `maxSize` (randomSize's mix of small and large), `window` in flight.
 Plan randomPlan(size_t count, size_t maxSize, int window, uint64_t seed);
+// Random sizes in [0, maxSize] skewed toward small values (and some exact zero) for mixed traffic.
+size_t randomSize(std::mt19937_64& rng, size_t maxSize);
+// Grouped receives listing `tagsOf(g, rng)`, each buffer `capacity(g, rng)` bytes, and one send per buffer no
+// larger than it, in group-major order (every peer sends its k-th message for the k-th receive).
+template <typename Tags, typename Capacity>
+Plan groupedPlan(int groups, Tags tagsOf, Capacity capacity, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  Plan plan;
+  plan.seed = seed;
+  for (int g = 0; g < groups; ++g) {
+    const std::vector<int> tags = tagsOf(g, rng);
+    RecvGroup group;
+    for (size_t b = 0; b < tags.size(); ++b) {
+      const size_t cap = capacity(g, rng);
+      group.push_back({tags[b], cap});
+      plan.sends.push_back({tags[b], randomSize(rng, cap)});
+    }
+    plan.recvs.push_back(group);
+  }
+  return plan;
+}
+// Reorders the sends while keeping each tag's own order (which decides matching): picks the next tag by
+// `chooseTag(open tags)` among tags that still have sends.
+void interleave(Plan& plan, const std::function<int(const std::vector<int>&)>& chooseTag);
+void randomInterleave(Plan& plan, uint64_t seed);
+
 // Every send from `send` memory, every receive buffer in `recv` memory.
 Plan& placeMemory(Plan& plan, MemKind send, MemKind recv);
 
@@ -75,8 +101,6 @@ std::vector<size_t> clampSizes(const std::vector<size_t>& sizes, size_t limit);
 // `beforeClose` runs on failure before the comms are closed (to stop other users of the comms first).
 void runTransfer(NetApi& net, Connection& conn, const Plan& plan, const std::function<void()>& beforeClose = {});
 
-// Random sizes in [0, maxSize] skewed toward small values (and some exact zero) for mixed traffic.
-size_t randomSize(std::mt19937_64& rng, size_t maxSize);
 
 // isend / irecv retried while the plugin answers "not yet" (*request == NULL), as NCCL's proxy does; any
 // non-success result fails the test. Returns the request.

@@ -411,15 +411,19 @@ void runProducersAgainstFakeNic() {
   uint64_t position = kStart;
   uint64_t doorbells = 0;
 
-  // Generous: a passing run takes well under a second (a few under TSan); a broken protocol stalls until then.
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  // A broken protocol stalls: no WQEBB consumed for 30 s. Counted from the last progress, not from the start: a
+  // passing run takes well under a second alone, but on two cores shared with a parallel build each hand-off between
+  // the producers (they publish in order) can cost a scheduler slice, and a run took over 30 s.
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
   std::thread nic([&] {
     DirectQueue& queue = world.queue();
     std::vector<uint32_t> lastK(kProducers, UINT32_MAX);
     std::map<uint64_t, std::vector<unsigned char>> inFlight;  // consumed, not yet completed: the bytes read
     uint64_t pairTag = UINT64_MAX;                             // a write+fetch-add's write seen, its atomic next
     uint64_t completed = kStart;
-    uint32_t idlePolls = 0;
+    // When the NIC last saw a new WQE: it completes what it consumed after 100 us without new work, by the clock,
+    // not by a count of idle polls (what 64 polls with a yield between them last depends on who else runs).
+    auto lastWork = std::chrono::steady_clock::now();
     bool wasDone = false;  // every producer had returned before this poll of the record
     auto problem = [&](const std::string& what) {
       if (problems.size() < 20) problems.push_back("at WQEBB " + std::to_string(position - kStart) + ": " + what);
@@ -433,7 +437,12 @@ void runProducersAgainstFakeNic() {
       }
       const uint64_t target = position + ahead;
       if (ahead != 0) ++doorbells;
-      idlePolls = ahead == 0 ? idlePolls + 1 : 0;
+      const auto now = std::chrono::steady_clock::now();
+      if (ahead != 0) {
+        lastWork = now;
+        deadline = now + std::chrono::seconds(30);
+      }
+      const bool idle = now - lastWork >= std::chrono::microseconds(100);
       while (position < target) {
         const unsigned char* slot = world.slot(position);
         const Parsed w = parse(slot);
@@ -475,7 +484,7 @@ void runProducersAgainstFakeNic() {
         }
       }
       const bool done = producersDone.load() == kProducers;
-      if (position != completed && (position - completed == kDepth || idlePolls >= 64 || done)) {
+      if (position != completed && (position - completed == kDepth || idle || done)) {
         inFlight.clear();
         completed = position;
         std::atomic_ref<uint64_t>(queue.completed).store(position, std::memory_order_release);

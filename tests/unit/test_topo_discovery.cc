@@ -1,6 +1,8 @@
 // hwloc discovery over the fixtures in tests/fixtures/topo (written by generate.py there), and the path rules.
 #include <catch2/catch.hpp>
 
+#include "topo_fixtures.h"
+
 #include <stdlib.h>
 
 #include <filesystem>
@@ -19,7 +21,6 @@ using railnet::topo::Topology;
 
 namespace {
 
-std::string fixture(const char* name) { return std::string(RAILNET_SOURCE_DIR "/tests/fixtures/topo/") + name; }
 
 const railnet::topo::Nic& nicNamed(const Topology& topology, const std::string& name) {
   for (const auto& nic : topology.nics) {

@@ -2,6 +2,8 @@
 // (src/graph/xml.cc: elements, attributes in double quotes, spaces/newlines only, no prolog).
 #include <catch2/catch.hpp>
 
+#include "topo_fixtures.h"
+
 #include <unistd.h>
 
 #include <cstdlib>
@@ -24,7 +26,6 @@ using railnet::topo::Topology;
 
 namespace {
 
-std::string fixture(const char* name) { return std::string(RAILNET_SOURCE_DIR "/tests/fixtures/topo/") + name; }
 
 struct Node {
   std::string tag;

@@ -1,6 +1,8 @@
 // GPU-to-NIC selection and rail ids over the fixtures: the exact mapping for each node shape.
 #include <catch2/catch.hpp>
 
+#include "topo_fixtures.h"
+
 #include <string>
 #include <vector>
 
@@ -15,7 +17,6 @@ using railnet::topo::Topology;
 
 namespace {
 
-std::string fixture(const char* name) { return std::string(RAILNET_SOURCE_DIR "/tests/fixtures/topo/") + name; }
 
 // Per GPU: the name of its NIC ("-" for none).
 std::vector<std::string> gpuNicNames(const Topology& topology, const RailPlan& plan) {

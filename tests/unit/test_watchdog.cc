@@ -31,13 +31,19 @@ class CountingComm final : public railnet::progress::Watched {
     ++watches;
     lastLimit = limit;
   }
+  void watchPeerHost(WatchClock::time_point, milliseconds silenceLimit) noexcept override {
+    ++hostLooks;
+    lastSilenceLimit = silenceLimit;
+  }
   void describe(WatchClock::time_point, std::vector<std::string>* lines) noexcept override {
     ++describes;
     lines->push_back("counting comm");
   }
   std::atomic<int> watches{0};
   std::atomic<int> describes{0};
+  std::atomic<int> hostLooks{0};
   milliseconds lastLimit{0};
+  milliseconds lastSilenceLimit{0};
 };
 
 }  // namespace
@@ -79,7 +85,7 @@ TEST_CASE("steady progress is never a stall, however long the request takes", "[
 TEST_CASE("the dump file asks for one dump of every watched comm and is deleted", "[watchdog]") {
   const std::string path = "/tmp/railnet-unit-dump." + std::to_string(getpid());
   unlink(path.c_str());
-  railnet::progress::Watchdog watchdog(milliseconds(250), path);
+  railnet::progress::Watchdog watchdog(milliseconds(250), milliseconds(0), path);
   CountingComm a;
   CountingComm b;
   watchdog.add(&a);
@@ -105,17 +111,29 @@ TEST_CASE("the dump file asks for one dump of every watched comm and is deleted"
 }
 
 TEST_CASE("a limit of 0 watches nothing; an empty dump path asks for nothing", "[watchdog]") {
-  railnet::progress::Watchdog quiet(milliseconds(0), "");
+  railnet::progress::Watchdog quiet(milliseconds(0), milliseconds(0), "");
   CountingComm comm;
   quiet.add(&comm);
   quiet.lookNow();
   CHECK(comm.watches == 0);
+  CHECK(comm.hostLooks == 0);
   CHECK(comm.describes == 0);
   quiet.remove(&comm);
 }
 
+TEST_CASE("the lost-host look has its own limit and runs without stall reports", "[watchdog]") {
+  railnet::progress::Watchdog hostOnly(milliseconds(0), milliseconds(3000), "");
+  CountingComm comm;
+  hostOnly.add(&comm);
+  hostOnly.lookNow();
+  CHECK(comm.watches == 0);
+  CHECK(comm.hostLooks == 1);
+  CHECK(comm.lastSilenceLimit == milliseconds(3000));
+  hostOnly.remove(&comm);
+}
+
 TEST_CASE("the watchdog thread looks on its own, several times per limit", "[watchdog]") {
-  railnet::progress::Watchdog watchdog(milliseconds(100), "");
+  railnet::progress::Watchdog watchdog(milliseconds(100), milliseconds(0), "");
   CountingComm comm;
   watchdog.add(&comm);
   const auto start = WatchClock::now();

@@ -1,0 +1,283 @@
+// A peer host that vanishes without a word (no FIN, no RST: powered off, cable pulled, a firewall that drops): both
+// ends' pending requests fail within RAILNET_PEER_TIMEOUT_MS plus about a second, naming the peer (group
+// "host_loss", docs/reliability.md "Host loss"). The loss is an iptables rule dropping every segment of the
+// connection, so the group runs in its own network namespace (tests/conformance/in-netns.sh) and skips without one.
+//
+// The two cases cover the two ways railnet notices: data waiting for an acknowledgement (the watchdog's lost-host
+// check, protocol/host_silence.h) and an idle connection whose keepalive probes go unanswered.
+#include <unistd.h>
+
+#include <algorithm>
+#include <fstream>
+#include <sstream>
+#include <chrono>
+#include <cstdlib>
+#include <functional>
+#include <thread>
+
+#include "child.h"
+#include "comms.h"
+#include "harness.h"
+#include "log_capture.h"
+#include "transfer.h"
+
+namespace conformance {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// The group's meson test sets RAILNET_PEER_TIMEOUT_MS (4 s); railnet's default is 30 s.
+std::chrono::milliseconds peerTimeout() {
+  const char* set = std::getenv("RAILNET_PEER_TIMEOUT_MS");
+  return std::chrono::milliseconds(set != nullptr ? std::atol(set) : 30000);
+}
+// A look every second at most (the watchdog's tick) and a keepalive probe's rounding, plus scheduling on a loaded
+// 2-core machine.
+constexpr auto kLateness = std::chrono::milliseconds(2500);
+
+std::string netnsUnmet() {
+  const char* inNetns = std::getenv("RAILNET_TEST_NETNS");
+  if (inNetns == nullptr || std::string(inNetns) != "1") {
+    return "needs its own network namespace, where it may add iptables rules: run it through "
+           "tests/conformance/in-netns.sh";
+  }
+  if (std::system("iptables -w -L INPUT -n >/dev/null 2>&1") != 0) return "iptables does not work here";
+  return "";
+}
+GROUP_REQUIRES("host_loss", netnsUnmet);
+
+// iptables rules that drop every TCP segment to or from `port` on this (private) network namespace's loopback:
+// the connection's peer is silent both ways, as a vanished host is. Removed on destruction.
+class SilencedPort {
+ public:
+  explicit SilencedPort(int port) : port_(port) {
+    REQUIRE(rules("-I"), strf("iptables could not drop port %d", port_));
+  }
+  ~SilencedPort() { rules("-D"); }
+  SilencedPort(const SilencedPort&) = delete;
+  SilencedPort& operator=(const SilencedPort&) = delete;
+
+ private:
+  bool rules(const char* action) const {
+    bool ok = true;
+    for (const char* direction : {"--dport", "--sport"}) {
+      ok = std::system(strf("iptables -w %s INPUT -p tcp %s %d -j DROP", action, direction, port_).c_str()) == 0 &&
+           ok;
+    }
+    return ok;
+  }
+  int port_;
+};
+
+// The other end's port of the established connection to or from local port `port` whose sender has the most bytes
+// queued, from /proc/net/tcp (this namespace holds both ends): the busiest stream of the connection.
+int busiestPeerPort(int port) {
+  std::ifstream table("/proc/net/tcp");
+  std::string line;
+  std::getline(table, line);  // the header
+  int best = 0;
+  unsigned long mostQueued = 0;
+  while (std::getline(table, line)) {
+    // "sl local_address rem_address st tx_queue:rx_queue ...", addresses as HEXIP:HEXPORT.
+    std::istringstream fields(line);
+    std::string slot, local, remote, state, queues;
+    fields >> slot >> local >> remote >> state >> queues;
+    if (state != "01") continue;  // ESTABLISHED
+    const int localPort = std::stoi(local.substr(local.find(':') + 1), nullptr, 16);
+    const int remotePort = std::stoi(remote.substr(remote.find(':') + 1), nullptr, 16);
+    const unsigned long txQueue = std::stoul(queues.substr(0, queues.find(':')), nullptr, 16);
+    // The far end's socket: remote port is ours; its tx_queue is what it has sent and not had acknowledged.
+    if (remotePort == port && txQueue > mostQueued) {
+      mostQueued = txQueue;
+      best = localPort;
+    }
+  }
+  return best;
+}
+
+// Keeps testing `request` (re-posting with `post` whenever one completes) until the plugin fails one; returns when
+// that happened, or throws after `limit`.
+Clock::time_point timeOfFailure(NetApi& net, void* request, const std::function<void*()>& post, Clock::time_point from,
+                                Clock::duration limit, ncclResult_t* code) {
+  for (Backoff backoff;; backoff.idle()) {
+    REQUIRE(Clock::now() - from < limit,
+            strf("no request failed within %.1f s of the peer's host falling silent",
+                 std::chrono::duration<double>(limit).count()));
+    int done = 0;
+    const ncclResult_t rc = request != nullptr ? net.test(request, &done, nullptr) : ncclSuccess;
+    if (rc != ncclSuccess) {
+      *code = rc;
+      return Clock::now();
+    }
+    if (request == nullptr || done) request = post();
+  }
+}
+
+void requireFailedInTime(Clock::time_point silencedAt, Clock::time_point failedAt, ncclResult_t code,
+                         const char* side) {
+  const double seconds = std::chrono::duration<double>(failedAt - silencedAt).count();
+  const double limit = std::chrono::duration<double>(peerTimeout()).count();
+  note(strf("%s failed %.2f s after its peer's host fell silent (RAILNET_PEER_TIMEOUT_MS %.1f s)", side, seconds,
+            limit));
+  REQUIRE(code == ncclRemoteError, strf("the %s failed with %s, not ncclRemoteError", side, ncclResultName(code)));
+  // Keepalive probes span the second half of the timeout, so even a connection idle since before the silence
+  // fails no sooner than half of it (a live but slow peer never fails: the stopped-peer cases).
+  REQUIRE(seconds >= 0.5 * limit,
+          strf("the %s failed after %.2f s, before half the %.1f s timeout", side, seconds, limit));
+  REQUIRE(seconds <= limit + std::chrono::duration<double>(kLateness).count(),
+          strf("the %s failed after %.2f s, later than the %.1f s timeout allows", side, seconds, limit));
+}
+
+// The child's "FAILED ..." line, within the same bound from `silencedAt`.
+void requireChildFailedInTime(ChildProcess& child, Clock::time_point silencedAt, const char* side) {
+  const Deadline deadline(std::chrono::duration_cast<std::chrono::milliseconds>(
+      peerTimeout() + kLateness - (Clock::now() - silencedAt)));
+  std::string line;
+  do {
+    line = child.readLine(deadline);
+    REQUIRE(line.rfind("RECEIVED BAD", 0) != 0, "the child received corrupted data: " + line);
+  } while (line.rfind("FAILED ", 0) != 0);
+  const double seconds = std::chrono::duration<double>(Clock::now() - silencedAt).count();
+  note(strf("the child %s failed %.2f s after the silence: %s", side, seconds, line.c_str()));
+  REQUIRE(line.find("ncclRemoteError") != std::string::npos, "the child failed otherwise: " + line);
+  REQUIRE(line.find("127.0.0.1") != std::string::npos, "the child's WARN does not name its peer: " + line);
+}
+
+
+// A receive comm from a child that sends 256 MiB messages (or --max-size) without pause, and the port it reached.
+struct FromChildSender {
+  explicit FromChildSender(const TestEnv& env)
+      : net(*env.net), buffer(size), ctx(net, nextCommId()),
+        recv(acceptFromChildSender(net, ctx.get(), env.version, env.dev, size, &child, &listenPort)),
+        reg(net, recv.get(), buffer.data(), size) {}
+  // Posts one receive of a whole message; nullptr when the plugin says "not yet".
+  void* post() {
+    void* request = nullptr;
+    void* data = buffer.data();
+    size_t bytes = size;
+    int tag = 0;
+    void* handle = reg.handle();
+    REQUIRE_OK(net.irecv(recv.get(), 1, &data, &bytes, &tag, &handle, &request));
+    return request;
+  }
+  void* postWaiting() { return postRecv(net, recv.get(), buffer.data(), size, reg.handle(), Deadline()); }
+
+  const size_t size = std::min(size_t{256} << 20, options().maxSize);
+  NetApi& net;
+  HostBuffer buffer;  // outlives the comm
+  NetContext ctx;
+  std::unique_ptr<ChildProcess> child;
+  int listenPort = 0;
+  Comm recv;
+  Registration reg;
+};
+
+}  // namespace
+
+// The parent sends a message larger than the sockets' buffers; the receiving child is stopped so the window closes
+// mid-message, its host falls silent, then it runs again: the parent's data waits behind window probes nobody
+// answers (the lost-host check), the child's connection goes idle (keepalive, or its own clear-to-send unanswered).
+TEST_CASE("host_loss", "silent_receiver_host", Scope::PerVersion) {
+  skipUnlessHeavy(env);
+  const size_t kMessage = std::min(size_t{256} << 20, options().maxSize);
+  NetApi& net = *env.net;
+  HostBuffer buffer(kMessage);  // outlives the comm
+  fillPattern(buffer.data(), kMessage, childPatternSeed());
+  NetContext ctx(net, nextCommId());
+  ChildProcess child(childReceiverArgs(env.version, env.dev, kMessage, /*report=*/true));
+  int childPort = 0;
+  Comm send = connectToChildReceiver(net, ctx.get(), env.dev, child, &childPort);
+  Registration reg(net, send.get(), buffer.data(), kMessage);
+  auto post = [&]() -> void* {
+    void* request = nullptr;
+    REQUIRE_OK(net.isend(send.get(), buffer.data(), kMessage, 0, reg.handle(), &request));
+    return request;
+  };
+
+  void* request = postSend(net, send.get(), buffer.data(), kMessage, 0, reg.handle(), Deadline());
+  REQUIRE_OK(waitRequest(net, request, nullptr, Deadline()));
+  REQUIRE(child.readLine(Deadline()) == "RECEIVED OK", "the first message did not arrive intact");
+
+  request = postSend(net, send.get(), buffer.data(), kMessage, 0, reg.handle(), Deadline());
+  child.stop();
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));  // the window closes
+  const uint64_t mark = logMark();
+  SilencedPort silenced(childPort);
+  const Clock::time_point silencedAt = Clock::now();
+  child.resume();
+  ncclResult_t code = ncclSuccess;
+  const Clock::time_point failedAt =
+      timeOfFailure(net, request, post, silencedAt, peerTimeout() + std::chrono::seconds(20), &code);
+  requireFailedInTime(silencedAt, failedAt, code, "sender");
+  REQUIRE(waitForWarning(mark, {"127.0.0.1", std::to_string(childPort), "failed"}, std::chrono::seconds(2)),
+          "no WARN names the peer; warnings:\n" + describeWarnings(mark));
+  requireChildFailedInTime(child, silencedAt, "receiver");
+}
+
+// The child sends 256 MiB messages without pause and the parent receives; the child's host falls silent with its
+// data in flight: the child's sends wait for acknowledgements (the lost-host check), the parent's receive waits on
+// a connection that went quiet.
+TEST_CASE("host_loss", "silent_sender_host", Scope::PerVersion) {
+  skipUnlessHeavy(env);
+  FromChildSender from(env);
+  NetApi& net = from.net;
+  auto post = [&] { return from.post(); };
+
+  void* request = from.postWaiting();
+  REQUIRE_OK(waitRequest(net, request, nullptr, Deadline()));
+  REQUIRE(findMismatch(from.buffer.data(), from.size, childPatternSeed()) == SIZE_MAX, "the first message is corrupted");
+
+  request = from.postWaiting();
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));  // the child is writing this message
+  const uint64_t mark = logMark();
+  SilencedPort silenced(from.listenPort);
+  const Clock::time_point silencedAt = Clock::now();
+  ncclResult_t code = ncclSuccess;
+  const Clock::time_point failedAt =
+      timeOfFailure(net, request, post, silencedAt, peerTimeout() + std::chrono::seconds(20), &code);
+  requireFailedInTime(silencedAt, failedAt, code, "receiver");
+  REQUIRE(waitForWarning(mark, {"127.0.0.1", "failed"}, std::chrono::seconds(2)),
+          "no WARN names the peer; warnings:\n" + describeWarnings(mark));
+  requireChildFailedInTime(*from.child, silencedAt, "sender");
+}
+
+// One path goes dark while the rest work: the segments of the child sender's busiest data stream are dropped (a
+// black-holed ECMP path, a bad link on one flow's route). Its other sockets keep answering keepalive, so only the
+// lost-host check can see it: that stream waits for acknowledgements of data in flight. Without the check the
+// connection would hang until the kernel's retransmission limit (tcp_retries2, about 15 minutes).
+TEST_CASE("host_loss", "silent_path_one_stream", Scope::PerVersion) {
+  skipUnlessHeavy(env);
+  FromChildSender from(env);
+  NetApi& net = from.net;
+  auto post = [&] { return from.post(); };
+
+  void* request = from.postWaiting();
+  REQUIRE_OK(waitRequest(net, request, nullptr, Deadline()));
+  request = from.postWaiting();
+  // The child is writing this message: find the stream with the most unacknowledged bytes.
+  int streamPort = 0;
+  for (const Deadline deadline(std::chrono::seconds(10)); streamPort == 0; std::this_thread::sleep_for(std::chrono::milliseconds(1))) {
+    deadline.check("a child stream with data in flight");
+    int done = 0;
+    REQUIRE_OK(net.test(request, &done, nullptr));
+    if (done) request = post();
+    streamPort = busiestPeerPort(from.listenPort);
+  }
+  SilencedPort silenced(streamPort);
+  const Clock::time_point silencedAt = Clock::now();
+  ncclResult_t code = ncclSuccess;
+  const Clock::time_point failedAt =
+      timeOfFailure(net, request, post, silencedAt, peerTimeout() + std::chrono::seconds(20), &code);
+  // The child notices first (its stream waits for acknowledgements) and its exit closes the rest: the parent's
+  // receive fails right after.
+  requireFailedInTime(silencedAt, failedAt, code, "receiver");
+  std::string line;
+  do {
+    line = from.child->readLine(Deadline());
+  } while (line.rfind("FAILED ", 0) != 0);
+  note("the child sender: " + line);
+  REQUIRE(line.find("acknowledged nothing for") != std::string::npos && line.find("127.0.0.1") != std::string::npos,
+          "the child sender's connection did not fail by the lost-host check: " + line);
+}
+
+}  // namespace conformance
