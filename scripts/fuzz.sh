@@ -2,6 +2,7 @@
 # Builds the libFuzzer targets (tests/fuzz/, clang, ASan+UBSan) in ./build-fuzz and runs each one.
 #   scripts/fuzz.sh [SECONDS]           each target for SECONDS (default 10), from its committed corpus
 #   scripts/fuzz.sh --runs N            each target for N executions (the long campaign: 10000000)
+#   scripts/fuzz.sh --build-only        builds them and stops
 # New inputs go to build-fuzz/corpus/<target>/ (tests/fuzz/corpus/ is only read); a crash leaves its input in
 # build-fuzz/crashes/ and fails the run. Ends with one summary line "N passed, N failed".
 set -euo pipefail
@@ -12,6 +13,7 @@ if [ ! -f build-fuzz/build.ninja ]; then
   CXX=clang++ meson setup build-fuzz -Dfuzz=true -Dbuildtype=debugoptimized >&2
 fi
 ninja -C build-fuzz >&2
+[ "${1:-}" = --build-only ] && exit 0
 mkdir -p build-fuzz/crashes
 passed=0
 failed=0

@@ -7,9 +7,14 @@
 #                                   devices (tests/rxe/) and runs the unit tests and the conformance harness
 #                                   there with RAILNET_TRANSPORT=verbs, using ./build (v12: every group,
 #                                   fusion over rxe0+rxe1 included; v8-v11: basic and grouped; GIN put+signal)
+#   scripts/test.sh --build-only [--asan|--tsan]
+#                                   builds that variant and stops (.ci/run builds the next stage's variant while a
+#                                   stage tests)
 # Ends with one summary line "N passed, N failed".
 set -euo pipefail
 cd "$(dirname "$0")/.."
+build_only=0
+if [ "${1:-}" = --build-only ]; then build_only=1; shift; fi
 . scripts/variants.sh
 build_variant ""
 case "${1:-}" in
@@ -53,6 +58,7 @@ case "${1:-}" in
   *) echo "usage: $0 [--asan|--tsan|--rxe]" >&2; exit 2 ;;
 esac
 scripts/build.sh "$build_dir" "${options[@]}"
+[ "$build_only" -eq 1 ] && exit 0
 log=$(mktemp)
 status=0
 meson test -C "$build_dir" --print-errorlogs --no-rebuild 2>&1 | tee "$log" || status=$?
