@@ -45,11 +45,10 @@ class DataStreams {
   Stream& operator[](int index) { return *streams_[static_cast<size_t>(index)]; }
 
   // The lost-host look over the connection's control socket and these streams (protocol/host_silence.h): the
-  // failure to record when one of them waited `limit` for an acknowledgement. From the watchdog thread only, while
-  // something is in flight; peerHostIdle() when nothing is.
+  // failure to record when one of them waited `limit` for an acknowledgement. From the watchdog thread only, on
+  // every look (a socket with nothing unacknowledged costs one getsockopt and starts no clock).
   std::optional<std::string> peerHostLost(int controlFd, std::chrono::steady_clock::time_point now,
                                           std::chrono::milliseconds limit);
-  void peerHostIdle() noexcept { hostSilence_.reset(); }
 
  private:
   std::vector<Fd> pending_;  // sockets until start()

@@ -288,13 +288,8 @@ void TcpRecvComm::watch(progress::WatchClock::time_point now, std::chrono::milli
 
 void TcpRecvComm::watchPeerHost(progress::WatchClock::time_point now, std::chrono::milliseconds silenceLimit) noexcept {
   std::unique_lock<std::mutex> lock(mutex_, std::try_to_lock);
+  // Idle comms too, as the send side (TcpSendComm::watchPeerHost): a clear-to-send may wait unacknowledged.
   if (!lock.owns_lock() || peerGone()) return;
-  bool inFlight = false;
-  ring_.forEachPosted([&](RecvRequest& request) { inFlight = inFlight || !request.complete(); });
-  if (!inFlight) {
-    streams_.peerHostIdle();
-    return;
-  }
   try {
     if (auto lost = streams_.peerHostLost(control_.fd(), now, silenceLimit)) control_.recordFailure(*lost);
   } catch (...) {

@@ -424,11 +424,9 @@ void TcpSendComm::watch(progress::WatchClock::time_point now, std::chrono::milli
 
 void TcpSendComm::watchPeerHost(progress::WatchClock::time_point now, std::chrono::milliseconds silenceLimit) noexcept {
   std::unique_lock<std::mutex> lock(mutex_, std::try_to_lock);
+  // Idle comms too: a send completes once its bytes are in the kernel, so a comm with nothing in flight may still
+  // hold its last message unacknowledged on a socket whose path died, and wait for ever for the next clear-to-send.
   if (!lock.owns_lock() || control_.failed()) return;
-  if (requests_.available() == requests_.capacity()) {
-    streams_.peerHostIdle();
-    return;
-  }
   try {
     if (auto lost = streams_.peerHostLost(control_.fd(), now, silenceLimit)) control_.recordFailure(*lost);
   } catch (...) {

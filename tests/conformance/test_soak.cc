@@ -148,6 +148,9 @@ TEST_CASE("soak", "randomized", Scope::PerVersionOwnLoad) {
   uint64_t registrations = 0;
   int comms = 0;
   size_t rssAfterFirst = 0;
+  // A long run says how it goes every few minutes: the counts, and whether resident memory keeps growing.
+  const auto started = Clock::now();
+  auto nextProgress = started + std::chrono::minutes(5);
   do {
     ++cycles;
     {
@@ -204,6 +207,12 @@ TEST_CASE("soak", "randomized", Scope::PerVersionOwnLoad) {
     }
     requireNothingLeft(filesBefore, threadsBefore, cycles);
     if (cycles == 1) rssAfterFirst = residentBytes();
+    if (Clock::now() >= nextProgress) {
+      nextProgress += std::chrono::minutes(5);
+      note(strf("after %.0f s: %d cycles, %.2f GiB checked, RSS %.1f MiB",
+                std::chrono::duration<double>(Clock::now() - started).count(), cycles,
+                static_cast<double>(bytes) / (1 << 30), static_cast<double>(residentBytes()) / MiB));
+    }
   } while (Clock::now() < end);
 
   const size_t rssAtEnd = residentBytes();
