@@ -1,5 +1,5 @@
 // Precompiled for the plugin's libraries in the sanitizer builds: the standard headers most of its files include,
-// parsed once per library instead of once per file (a fifth of those builds' compile time; decisions D81).
+// parsed once per library instead of once per file (a fifth of the libraries' compile time there; decisions D81).
 #include <algorithm>
 #include <atomic>
 #include <cerrno>

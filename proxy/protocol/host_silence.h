@@ -70,10 +70,6 @@ class HostSilenceWatch {
   std::optional<Silent> look(std::span<const int> fds, Clock::time_point now, std::chrono::milliseconds limit) {
     return look(fds, now, limit, readAckState);
   }
-  // Nothing in flight: the next waiting is a new one.
-  void reset() noexcept {
-    for (AckSilence& socket : sockets_) socket.reset();
-  }
 
  private:
   std::vector<AckSilence> sockets_;

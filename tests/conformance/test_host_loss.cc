@@ -134,8 +134,7 @@ int mostUsedPeerPort(int port) {
 // (a send whose last message is all in the kernel fails its next isend); returns when that happened, or throws after
 // `limit`.
 Clock::time_point timeOfFailure(NetApi& net, void* request, const std::function<ncclResult_t(void**)>& post,
-                                Clock::time_point from,
-                                Clock::duration limit, ncclResult_t* code) {
+                                Clock::time_point from, Clock::duration limit, ncclResult_t* code) {
   for (Backoff backoff;; backoff.idle()) {
     REQUIRE(Clock::now() - from < limit,
             strf("no request failed within %.1f s of the peer's host falling silent",
