@@ -8,6 +8,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -257,8 +258,13 @@ int childMain(int argc, char** argv) {
   } catch (const std::exception& e) {
     std::fprintf(stderr, "conformance child: %s\n", e.what());
     // The parent may be waiting for this (group host_loss): the failure and the plugin's first WARN.
+    // The WARN that failed the connection ("... failed: why"), else the first one (a watchdog's "no progress" may
+    // come before it).
     const std::vector<LogRecord> warnings = warningsSince(0);
-    std::printf("FAILED %s; WARN: %s\n", e.what(), warnings.empty() ? "none" : warnings.front().text.c_str());
+    auto failure = std::find_if(warnings.begin(), warnings.end(),
+                                [](const LogRecord& w) { return w.text.find(" failed: ") != std::string::npos; });
+    if (failure == warnings.end()) failure = warnings.begin();
+    std::printf("FAILED %s; WARN: %s\n", e.what(), failure == warnings.end() ? "none" : failure->text.c_str());
     std::fflush(stdout);
     return 1;
   }
@@ -350,11 +356,12 @@ std::vector<std::string> childGinRankArgs(const std::string& symbol, const std::
 }
 
 Comm acceptFromChildSender(NetApi& net, void* ctx, int version, int dev, size_t size,
-                           std::unique_ptr<ChildProcess>* child, int* listenPort) {
+                           std::unique_ptr<ChildProcess>* child, int* listenPort, int childDev) {
   ConnHandle handle;
   Comm listener = listenOn(net, ctx, dev, &handle);
   if (listenPort != nullptr) *listenPort = handleAddress(handle).port;
-  *child = std::make_unique<ChildProcess>(childSenderArgs(toHex(handle.bytes, sizeof(handle.bytes)), version, dev, size));
+  *child = std::make_unique<ChildProcess>(childSenderArgs(toHex(handle.bytes, sizeof(handle.bytes)), version,
+                                                                  childDev >= 0 ? childDev : dev, size));
   Comm recv = acceptLoop(net, listener.get(), Deadline());
   REQUIRE_OK(listener.close());
   return recv;

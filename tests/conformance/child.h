@@ -66,8 +66,9 @@ std::vector<std::string> childGinRankArgs(const std::string& symbol, const std::
 
 // The receive comm of a connection from a child sender of `size`-byte messages: listens on `dev`, starts the
 // child (*child) with the handle, accepts and closes the listener. *listenPort: the port the child connected to.
+// The child sends from `childDev` (-1: `dev` too).
 Comm acceptFromChildSender(NetApi& net, void* ctx, int version, int dev, size_t size,
-                           std::unique_ptr<ChildProcess>* child, int* listenPort = nullptr);
+                           std::unique_ptr<ChildProcess>* child, int* listenPort = nullptr, int childDev = -1);
 // The send comm of a connection to a child receiver: reads its "HANDLE <hex>" line and connects. *childPort: the
 // port the child listened on.
 Comm connectToChildReceiver(NetApi& net, void* ctx, int dev, ChildProcess& child, int* childPort = nullptr);

@@ -543,6 +543,11 @@ int runHarness(int argc, char** argv) {
 
 bool sanitizedBuild() { return kSanitized; }
 
+bool verbsTransport() {
+  const char* transport = std::getenv("RAILNET_TRANSPORT");
+  return transport != nullptr && std::string(transport) == "verbs";
+}
+
 void skipUnlessHeavy(const TestEnv& env) {
   if (!env.heavy) SKIP("runs in the newest version's pass only (it waits for seconds; the ABI version does not matter)");
 }

@@ -183,6 +183,9 @@ std::vector<TestCase>& registry();
 // True in ASan, UBSan and TSan builds (they keep freed memory and slow everything down).
 bool sanitizedBuild();
 
+// True when the plugin under test runs its verbs transport (RAILNET_TRANSPORT=verbs: the soft-RoCE guest).
+bool verbsTransport();
+
 // For cases that cost seconds of waiting and do not depend on the ABI version: they run in the pass that carries
 // the largest sizes (the newest version, or the one --version names) and SKIP in the others.
 void skipUnlessHeavy(const TestEnv& env);

@@ -118,8 +118,7 @@ TEST_CASE("basic", "connect_accept", Scope::PerVersion) {
   // TCP listens on the RAILNET_IFNAME interface (lo here); verbs meets on its RoCE port's own IP, which the
   // soft-RoCE rig exports as RAILNET_RXE_IP.
   const char* rxeIp = getenv("RAILNET_RXE_IP");
-  const char* transport = getenv("RAILNET_TRANSPORT");
-  const bool verbs = transport != nullptr && std::string(transport) == "verbs";
+  const bool verbs = verbsTransport();
   REQUIRE(verbs ? (rxeIp != nullptr && address.ip == rxeIp) : (address.ip == "127.0.0.1" || address.ip == "::1"),
           "the handle should carry the " + std::string(verbs ? "RoCE port's" : "loopback") + " address, got " +
               address.ip);

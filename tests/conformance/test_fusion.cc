@@ -62,11 +62,6 @@ int deviceCount(NetApi& net) {
   return n;
 }
 
-bool verbsTransport() {
-  const char* transport = std::getenv("RAILNET_TRANSPORT");
-  return transport != nullptr && std::strcmp(transport, "verbs") == 0;
-}
-
 // The physical devices that serve as rails, in device order: the loopback rails on TCP, every RDMA port on
 // verbs. At least two.
 std::vector<int> railDevices(NetApi& net) {

@@ -3,8 +3,11 @@
 // "host_loss", docs/reliability.md "Host loss"). The loss is an iptables rule dropping every segment of the
 // connection, so the group runs in its own network namespace (tests/conformance/in-netns.sh) and skips without one.
 //
-// The two cases cover the two ways railnet notices: data waiting for an acknowledgement (the watchdog's lost-host
-// check, protocol/host_silence.h) and an idle connection whose keepalive probes go unanswered.
+// On TCP the cases cover the two ways railnet notices: data waiting for an acknowledgement (the watchdog's lost-host
+// check, protocol/host_silence.h) and an idle connection whose keepalive probes go unanswered. On verbs, in the
+// soft-RoCE guest (a machine of its own, RAILNET_TEST_NETNS=1 there), the child uses the other rxe device and its
+// host falls silent twice over: iptables drops its control connection (which crosses the guest's loopback) and its
+// device's bridge port leaves the bridge, so its RDMA frames vanish too (tests/rxe/README.md, "Several rxe devices").
 #include <unistd.h>
 
 #include <algorithm>
@@ -13,6 +16,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <cstdio>
+#include <cstring>
 #include <functional>
 #include <thread>
 
@@ -27,14 +31,55 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
+std::chrono::milliseconds settingMs(const char* name, long fallback) {
+  const char* set = std::getenv(name);
+  return std::chrono::milliseconds(set != nullptr ? std::atol(set) : fallback);
+}
 // The group's meson test sets RAILNET_PEER_TIMEOUT_MS (4 s); railnet's default is 30 s.
-std::chrono::milliseconds peerTimeout() {
-  const char* set = std::getenv("RAILNET_PEER_TIMEOUT_MS");
-  return std::chrono::milliseconds(set != nullptr ? std::atol(set) : 30000);
+std::chrono::milliseconds peerTimeout() { return settingMs("RAILNET_PEER_TIMEOUT_MS", 30000); }
+// How long an RC QP retries an unacknowledged RDMA operation before its work request fails: 4.096 us x
+// 2^RAILNET_IB_TIMEOUT per try, 1 + RAILNET_IB_RETRY_CNT tries (defaults 20 and 7: about 34 s).
+std::chrono::milliseconds rdmaRetryTime() {
+  const long exponent = settingMs("RAILNET_IB_TIMEOUT", 20).count();
+  const long retries = settingMs("RAILNET_IB_RETRY_CNT", 7).count();
+  return std::chrono::milliseconds(static_cast<long>(4.096e-3 * static_cast<double>(1L << exponent)) * (retries + 1));
+}
+// The timeout that judges a silent host: keepalive and the lost-host check on TCP; on verbs also the RC retries,
+// whichever ends first.
+std::chrono::milliseconds hostLossTimeout() {
+  return verbsTransport() ? std::min(peerTimeout(), rdmaRetryTime()) : peerTimeout();
 }
 // A look every second at most (the watchdog's tick) and a keepalive probe's rounding, plus scheduling on a loaded
 // 2-core machine.
 constexpr auto kLateness = std::chrono::milliseconds(2500);
+
+// Where the two ends sit. TCP: both on the device under test, over loopback. Verbs: the parent on rxe0 and the child
+// on rxe1, whose frames cross the guest's bridge through rxe1's port vbr1 (tests/rxe/guest-runner.sh).
+struct Placement {
+  int parentDev = 0;
+  int childDev = 0;
+  std::string childBridgePort;  // empty on TCP
+  std::string addressPrefix;    // what a WARN that names either end contains
+};
+
+int deviceNamed(NetApi& net, const std::string& prefix) {
+  int count = 0;
+  REQUIRE_OK(net.devices(&count));
+  for (int dev = 0; dev < count; ++dev) {
+    DeviceProps props;
+    REQUIRE_OK(net.getProperties(dev, &props));
+    if (props.vNdevs == 1 && props.name != nullptr && std::strncmp(props.name, prefix.c_str(), prefix.size()) == 0) {
+      return dev;
+    }
+  }
+  REQUIRE(false, "no device named " + prefix + "*");
+  return -1;
+}
+
+Placement placement(const TestEnv& env) {
+  if (!verbsTransport()) return {env.dev, env.dev, "", "127.0.0.1"};
+  return {deviceNamed(*env.net, "rxe0"), deviceNamed(*env.net, "rxe1"), "vbr1", "10.77.0."};
+}
 
 std::string netnsUnmet() {
   const char* inNetns = std::getenv("RAILNET_TEST_NETNS");
@@ -43,6 +88,9 @@ std::string netnsUnmet() {
            "tests/conformance/in-netns.sh";
   }
   if (std::system("iptables -w -L INPUT -n >/dev/null 2>&1") != 0) return "iptables does not work here";
+  if (verbsTransport() && std::system("ip link show vbr1 >/dev/null 2>&1") != 0) {
+    return "on verbs it needs the soft-RoCE guest's bridge with two devices (tests/rxe/run-in-guest.sh --rxe-count 2)";
+  }
   return "";
 }
 GROUP_REQUIRES("host_loss", netnsUnmet);
@@ -52,9 +100,11 @@ GROUP_REQUIRES("host_loss", netnsUnmet);
 class SilencedPort {
  public:
   explicit SilencedPort(int port) : port_(port) {
-    REQUIRE(rules("-I"), strf("iptables could not drop port %d", port_));
+    if (port_ != 0) REQUIRE(rules("-I"), strf("iptables could not drop port %d", port_));
   }
-  ~SilencedPort() { rules("-D"); }
+  ~SilencedPort() {
+    if (port_ != 0) rules("-D");
+  }
   SilencedPort(const SilencedPort&) = delete;
   SilencedPort& operator=(const SilencedPort&) = delete;
 
@@ -68,6 +118,48 @@ class SilencedPort {
     return ok;
   }
   int port_;
+};
+
+// An rxe device's bridge port taken out of the soft-RoCE guest's bridge: its frames, and frames to it, vanish, and
+// no link goes down on either device (a black-holed path, not a pulled cable). Put back on destruction.
+class DetachedBridgePort {
+ public:
+  explicit DetachedBridgePort(std::string port) : port_(std::move(port)) {
+    if (port_.empty()) return;
+    REQUIRE(std::system(("ip link set " + port_ + " nomaster").c_str()) == 0, "could not take " + port_ + " off br0");
+  }
+  ~DetachedBridgePort() {
+    if (!port_.empty()) (void)std::system(("ip link set " + port_ + " master br0").c_str());
+  }
+  DetachedBridgePort(const DetachedBridgePort&) = delete;
+  DetachedBridgePort& operator=(const DetachedBridgePort&) = delete;
+
+ private:
+  std::string port_;
+};
+
+// When a silence began (before its first rule) and when it was complete (after its last). Each rule is a process
+// (iptables, ip), and under TCG each takes up to a second or two: nothing may fail before the silence begins, and
+// nothing is judged late counting from before it is complete.
+struct SilenceWindow {
+  Clock::time_point begins;
+  Clock::time_point complete;
+};
+
+// The child's host falling silent: every TCP segment to or from `tcpPort` (the port the child listened on or
+// reached; 0: none) and the RDMA frames through `bridgePort` (empty: none). Undone on destruction.
+class SilencedHost {
+ public:
+  SilencedHost(int tcpPort, const std::string& bridgePort)
+      : begins_(Clock::now()), rdma_(bridgePort), tcp_(tcpPort), window_{begins_, Clock::now()} {}
+  SilencedHost(int tcpPort, const Placement& where) : SilencedHost(tcpPort, where.childBridgePort) {}
+  const SilenceWindow& window() const { return window_; }
+
+ private:
+  Clock::time_point begins_;
+  DetachedBridgePort rdma_;
+  SilencedPort tcp_;
+  SilenceWindow window_;
 };
 
 // The other end's port of the established connection to or from local port `port` whose sender has the most bytes
@@ -149,34 +241,43 @@ Clock::time_point timeOfFailure(NetApi& net, void* request, const std::function<
   }
 }
 
-void requireFailedInTime(Clock::time_point silencedAt, Clock::time_point failedAt, ncclResult_t code,
-                         const char* side) {
-  const double seconds = std::chrono::duration<double>(failedAt - silencedAt).count();
-  const double limit = std::chrono::duration<double>(peerTimeout()).count();
-  note(strf("%s failed %.2f s after its peer's host fell silent (RAILNET_PEER_TIMEOUT_MS %.1f s)", side, seconds,
-            limit));
+double secondsBetween(Clock::time_point from, Clock::time_point to) {
+  return std::chrono::duration<double>(to - from).count();
+}
+
+// Failed with ncclRemoteError no sooner than half of `timeout` after the silence began, and no later than `timeout`
+// plus kLateness after it was complete.
+void requireFailedInTime(const SilenceWindow& silence, Clock::time_point failedAt, ncclResult_t code,
+                         const char* side, std::chrono::milliseconds timeout = hostLossTimeout()) {
+  const double sinceBegin = secondsBetween(silence.begins, failedAt);
+  const double sinceComplete = secondsBetween(silence.complete, failedAt);
+  const double limit = std::chrono::duration<double>(timeout).count();
+  note(strf("%s failed %.2f s after its peer's host fell silent (%.2f s after the silence began; timeout %.1f s)",
+            side, sinceComplete, sinceBegin, limit));
   REQUIRE(code == ncclRemoteError, strf("the %s failed with %s, not ncclRemoteError", side, ncclResultName(code)));
   // Keepalive probes span the second half of the timeout, so even a connection idle since before the silence
   // fails no sooner than half of it (a live but slow peer never fails: the stopped-peer cases).
-  REQUIRE(seconds >= 0.5 * limit,
-          strf("the %s failed after %.2f s, before half the %.1f s timeout", side, seconds, limit));
-  REQUIRE(seconds <= limit + std::chrono::duration<double>(kLateness).count(),
-          strf("the %s failed after %.2f s, later than the %.1f s timeout allows", side, seconds, limit));
+  REQUIRE(sinceBegin >= 0.5 * limit,
+          strf("the %s failed %.2f s after the silence began, before half the %.1f s timeout", side, sinceBegin, limit));
+  REQUIRE(sinceComplete <= limit + std::chrono::duration<double>(kLateness).count(),
+          strf("the %s failed after %.2f s, later than the %.1f s timeout allows", side, sinceComplete, limit));
 }
 
-// The child's "FAILED ..." line, within the same bound from `silencedAt`.
-void requireChildFailedInTime(ChildProcess& child, Clock::time_point silencedAt, const char* side) {
+// The child's "FAILED ..." line, within the same bound from the silence, naming its peer (an address that starts
+// with `peerAddress`).
+void requireChildFailedInTime(ChildProcess& child, const SilenceWindow& silence, const char* side,
+                              const std::string& peerAddress, std::chrono::milliseconds timeout = hostLossTimeout()) {
   const Deadline deadline(std::chrono::duration_cast<std::chrono::milliseconds>(
-      peerTimeout() + kLateness - (Clock::now() - silencedAt)));
+      timeout + kLateness - (Clock::now() - silence.complete)));
   std::string line;
   do {
     line = child.readLine(deadline);
     REQUIRE(line.rfind("RECEIVED BAD", 0) != 0, "the child received corrupted data: " + line);
   } while (line.rfind("FAILED ", 0) != 0);
-  const double seconds = std::chrono::duration<double>(Clock::now() - silencedAt).count();
-  note(strf("the child %s failed %.2f s after the silence: %s", side, seconds, line.c_str()));
+  note(strf("the child %s failed %.2f s after the silence: %s", side, secondsBetween(silence.complete, Clock::now()),
+            line.c_str()));
   REQUIRE(line.find("ncclRemoteError") != std::string::npos, "the child failed otherwise: " + line);
-  REQUIRE(line.find("127.0.0.1") != std::string::npos, "the child's WARN does not name its peer: " + line);
+  REQUIRE(line.find(peerAddress) != std::string::npos, "the child's WARN does not name its peer: " + line);
 }
 
 
@@ -184,8 +285,9 @@ void requireChildFailedInTime(ChildProcess& child, Clock::time_point silencedAt,
 // the port it reached.
 struct FromChildSender {
   explicit FromChildSender(const TestEnv& env, size_t bytes = std::min(size_t{256} << 20, options().maxSize))
-      : size(bytes), net(*env.net), buffer(size), ctx(net, nextCommId()),
-        recv(acceptFromChildSender(net, ctx.get(), env.version, env.dev, size, &child, &listenPort)),
+      : size(bytes), net(*env.net), buffer(size), ctx(net, nextCommId()), where(placement(env)),
+        recv(acceptFromChildSender(net, ctx.get(), env.version, where.parentDev, size, &child, &listenPort,
+                                   where.childDev)),
         reg(net, recv.get(), buffer.data(), size) {}
   // Posts one receive of a whole message; *request is nullptr when the plugin says "not yet".
   ncclResult_t post(void** request) {
@@ -202,6 +304,7 @@ struct FromChildSender {
   NetApi& net;
   HostBuffer buffer;  // outlives the comm
   NetContext ctx;
+  const Placement where;  // after ctx: it asks the initialized plugin for its devices
   std::unique_ptr<ChildProcess> child;
   int listenPort = 0;
   Comm recv;
@@ -220,9 +323,10 @@ TEST_CASE("host_loss", "silent_receiver_host", Scope::PerVersion) {
   HostBuffer buffer(kMessage);  // outlives the comm
   fillPattern(buffer.data(), kMessage, childPatternSeed());
   NetContext ctx(net, nextCommId());
-  ChildProcess child(childReceiverArgs(env.version, env.dev, kMessage, /*report=*/true));
+  const Placement where = placement(env);
+  ChildProcess child(childReceiverArgs(env.version, where.childDev, kMessage, /*report=*/true));
   int childPort = 0;
-  Comm send = connectToChildReceiver(net, ctx.get(), env.dev, child, &childPort);
+  Comm send = connectToChildReceiver(net, ctx.get(), where.parentDev, child, &childPort);
   Registration reg(net, send.get(), buffer.data(), kMessage);
   auto post = [&](void** request) {
     *request = nullptr;
@@ -237,16 +341,15 @@ TEST_CASE("host_loss", "silent_receiver_host", Scope::PerVersion) {
   child.stop();
   std::this_thread::sleep_for(std::chrono::milliseconds(200));  // the window closes
   const uint64_t mark = logMark();
-  SilencedPort silenced(childPort);
-  const Clock::time_point silencedAt = Clock::now();
+  const SilencedHost silenced(childPort, where);
   child.resume();
   ncclResult_t code = ncclSuccess;
-  const Clock::time_point failedAt =
-      timeOfFailure(net, request, post, silencedAt, peerTimeout() + std::chrono::seconds(20), &code);
-  requireFailedInTime(silencedAt, failedAt, code, "sender");
-  REQUIRE(waitForWarning(mark, {"127.0.0.1", std::to_string(childPort), "failed"}, std::chrono::seconds(2)),
+  const Clock::time_point failedAt = timeOfFailure(net, request, post, silenced.window().complete,
+                                                   hostLossTimeout() + std::chrono::seconds(20), &code);
+  requireFailedInTime(silenced.window(), failedAt, code, "sender");
+  REQUIRE(waitForWarning(mark, {where.addressPrefix, std::to_string(childPort), "failed"}, std::chrono::seconds(2)),
           "no WARN names the peer; warnings:\n" + describeWarnings(mark));
-  requireChildFailedInTime(child, silencedAt, "receiver");
+  requireChildFailedInTime(child, silenced.window(), "receiver", where.addressPrefix);
 }
 
 // The child sends 256 MiB messages without pause and the parent receives; the child's host falls silent with its
@@ -265,15 +368,14 @@ TEST_CASE("host_loss", "silent_sender_host", Scope::PerVersion) {
   request = from.postWaiting();
   std::this_thread::sleep_for(std::chrono::milliseconds(20));  // the child is writing this message
   const uint64_t mark = logMark();
-  SilencedPort silenced(from.listenPort);
-  const Clock::time_point silencedAt = Clock::now();
+  const SilencedHost silenced(from.listenPort, from.where);
   ncclResult_t code = ncclSuccess;
-  const Clock::time_point failedAt =
-      timeOfFailure(net, request, post, silencedAt, peerTimeout() + std::chrono::seconds(20), &code);
-  requireFailedInTime(silencedAt, failedAt, code, "receiver");
-  REQUIRE(waitForWarning(mark, {"127.0.0.1", "failed"}, std::chrono::seconds(2)),
+  const Clock::time_point failedAt = timeOfFailure(net, request, post, silenced.window().complete,
+                                                   hostLossTimeout() + std::chrono::seconds(20), &code);
+  requireFailedInTime(silenced.window(), failedAt, code, "receiver");
+  REQUIRE(waitForWarning(mark, {from.where.addressPrefix, "failed"}, std::chrono::seconds(2)),
           "no WARN names the peer; warnings:\n" + describeWarnings(mark));
-  requireChildFailedInTime(*from.child, silencedAt, "sender");
+  requireChildFailedInTime(*from.child, silenced.window(), "sender", from.where.addressPrefix);
 }
 
 namespace {
@@ -283,6 +385,7 @@ namespace {
 // flight: the data stream that has carried the most goes silent between two messages, and a later message leaves
 // its share on it unacknowledged.
 void silenceOneChildStream(const TestEnv& env, size_t bytes, bool inFlight) {
+  if (verbsTransport()) SKIP("TCP data streams only (verbs: silent_rdma_path)");
   FromChildSender from(env, bytes);
   NetApi& net = from.net;
   auto post = [&](void** request) { return from.post(request); };
@@ -307,15 +410,14 @@ void silenceOneChildStream(const TestEnv& env, size_t bytes, bool inFlight) {
     streamPort = mostUsedPeerPort(from.listenPort);
     REQUIRE(streamPort != 0, "ss -ti listed no connection of the child's (is iproute2 installed?)");
   }
-  SilencedPort silenced(streamPort);
+  const SilencedHost silenced(streamPort, "");
   if (!inFlight) request = from.postWaiting();
-  const Clock::time_point silencedAt = Clock::now();
   ncclResult_t code = ncclSuccess;
-  const Clock::time_point failedAt =
-      timeOfFailure(net, request, post, silencedAt, peerTimeout() + std::chrono::seconds(20), &code);
+  const Clock::time_point failedAt = timeOfFailure(net, request, post, silenced.window().complete,
+                                                   hostLossTimeout() + std::chrono::seconds(20), &code);
   // The child notices first (its stream waits for acknowledgements) and its exit closes the rest: the parent's
   // receive fails right after.
-  requireFailedInTime(silencedAt, failedAt, code, "receiver");
+  requireFailedInTime(silenced.window(), failedAt, code, "receiver");
   std::string line;
   do {
     line = from.child->readLine(Deadline());
@@ -344,6 +446,39 @@ TEST_CASE("host_loss", "silent_path_one_stream", Scope::PerVersion) {
 TEST_CASE("host_loss", "silent_path_after_last_send", Scope::PerVersion) {
   skipUnlessHeavy(env);
   silenceOneChildStream(env, 512 * KiB, /*inFlight=*/false);
+}
+
+// Verbs: only the RDMA path goes dark while the control connection keeps answering (an RoCE route black-holed,
+// the out-of-band network fine). The child sender's RDMA writes go unacknowledged, so its RC QP retries
+// (RAILNET_IB_TIMEOUT, RAILNET_IB_RETRY_CNT) and its work request fails; the parent's receive fails with it.
+TEST_CASE("host_loss", "silent_rdma_path", Scope::PerVersion) {
+  skipUnlessHeavy(env);
+  if (!verbsTransport()) SKIP("verbs only (TCP: silent_path_one_stream)");
+  FromChildSender from(env);
+  NetApi& net = from.net;
+  auto post = [&](void** request) { return from.post(request); };
+
+  void* request = from.postWaiting();
+  REQUIRE_OK(waitRequest(net, request, nullptr, Deadline()));
+  REQUIRE(findMismatch(from.buffer.data(), from.size, childPatternSeed()) == SIZE_MAX, "the first message is corrupted");
+
+  request = from.postWaiting();
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));  // the child is writing this message
+  const uint64_t mark = logMark();
+  const SilencedHost silenced(0, from.where.childBridgePort);
+  ncclResult_t code = ncclSuccess;
+  const Clock::time_point failedAt = timeOfFailure(net, request, post, silenced.window().complete,
+                                                   rdmaRetryTime() + std::chrono::seconds(20), &code);
+  requireFailedInTime(silenced.window(), failedAt, code, "receiver", rdmaRetryTime());
+  REQUIRE(waitForWarning(mark, {from.where.addressPrefix, "failed"}, std::chrono::seconds(2)),
+          "no WARN names the peer; warnings:\n" + describeWarnings(mark));
+  std::string line;
+  do {
+    line = from.child->readLine(Deadline());
+  } while (line.rfind("FAILED ", 0) != 0);
+  note("the child sender: " + line);
+  REQUIRE(line.find("retry") != std::string::npos && line.find(from.where.addressPrefix) != std::string::npos,
+          "the child sender's connection did not fail by its RC retries: " + line);
 }
 
 }  // namespace conformance

@@ -102,7 +102,10 @@ vmlinuz=$kroot/boot/vmlinuz-$kver
 #   command's stdout and stderr reach the host through virtio-serial ports.
 #   veth, rdma_rxe: the soft-RoCE device.  rdma_ucm: librdmacm (optional; perftest -R).
 #   bridge: run-in-guest.sh --rxe-count 2..4 puts the devices' veths on one bridge.
-modules=(crc32_generic virtio_pci virtio_console 9pnet_virtio 9p veth bridge rdma_rxe rdma_ucm)
+#   nf_tables, nft_compat, x_tables, xt_tcpudp, ip_tables, iptable_filter: iptables (nft or legacy) for the
+#                  conformance group host_loss, which drops a connection's segments in the guest.
+modules=(crc32_generic virtio_pci virtio_console 9pnet_virtio 9p veth bridge rdma_rxe rdma_ucm
+         nf_tables nft_compat x_tables xt_tcpudp ip_tables iptable_filter)
 busybox=$(command -v busybox) || die "busybox not found"
 
 initrd=$cache/initramfs-$kver.cpio.gz
