@@ -6,7 +6,7 @@
 #   scripts/test.sh --rxe           the verbs transport on real soft-RoCE: boots a qemu guest with two rxe
 #                                   devices (tests/rxe/) and runs the unit tests and the conformance harness
 #                                   there with RAILNET_TRANSPORT=verbs, using ./build (v12: every group,
-#                                   fusion over rxe0+rxe1 included; v8-v11: basic and grouped; GIN put+signal)
+#                                   fusion over rxe0+rxe1 included; v8-v11: basic; GIN put+signal; host loss)
 #   scripts/test.sh --build-only [--asan|--tsan]
 #                                   builds that variant and stops (.ci/run builds the next stage's variant while a
 #                                   stage tests)
@@ -43,13 +43,17 @@ case "${1:-}" in
       $conformance --version 8,9,10,11 --group basic || status=1
       # GIN over verbs: put+signal on all three tables (the whole gin group takes ~10 minutes under TCG).
       $conformance --group gin --filter put_signal || status=1
+      # A silent host and a silent RDMA path (docs/reliability.md "Host loss on verbs"): the guest is a machine of
+      # its own, where iptables may drop; rxe retries for ever at RAILNET_IB_RETRY_CNT=7 (decisions D82).
+      RAILNET_TEST_NETNS=1 RAILNET_PEER_TIMEOUT_MS=4000 RAILNET_IB_TIMEOUT=18 RAILNET_IB_RETRY_CNT=6 \
+        $conformance --version 12 --group host_loss || status=1
       exit $status' 2>&1 | tee "$log" || status=$?
     # Each harness run ends with its own "N passed, N failed" line: the stage reports their sum.
     passed=$(grep -E '^[0-9]+ passed, [0-9]+ failed$' "$log" | awk '{ s += $1 } END { print s + 0 }')
     failed=$(grep -E '^[0-9]+ passed, [0-9]+ failed$' "$log" | awk '{ s += $3 } END { print s + 0 }')
     runs=$(grep -cE '^[0-9]+ passed, [0-9]+ failed$' "$log" || true)
     rm -f "$log"
-    [ "$runs" -eq 3 ] || { [ "$status" -eq 0 ] && status=1; }
+    [ "$runs" -eq 4 ] || { [ "$status" -eq 0 ] && status=1; }
     # The rig's own check (devices, ports, perftest traffic) only when something failed: it tells a broken rig
     # from a broken transport, and costs a second guest boot under TCG otherwise.
     if [ "$status" -ne 0 ]; then tests/rxe/smoke.sh || true; fi
