@@ -54,8 +54,9 @@ inline constexpr int64_t kSizeMax = INT64_MAX;
     "Multireceive aggregation: a small send into a grouped receive (maxRecvs > 1) waits up to this long for the "\
     "group's other sends, so they travel as one transfer; 0 sends each member on its own.")                     \
   X(Int, forward, "RAILNET_FORWARD", 1, (0, 1),                                                                 \
-    "PXN-style routing on TCP: a connection to a peer NIC on another rail leaves from this host's NIC on that "  \
-    "rail when there is one (docs/design.md, Routes); 0: always from the device NCCL chose.")                    \
+    "PXN-style routing: a connection to a peer NIC on another rail leaves from this host's NIC on that rail "    \
+    "when there is one (TCP; verbs ports that take host memory only; docs/design.md, Routes); 0: always from "  \
+    "the device NCCL chose.")                                                                                    \
   X(Int, doorbellDirect, "RAILNET_DOORBELL_DIRECT", 0, (0, 1),                                                  \
     "1: railnet's GPU doorbells post straight to mlx5 NICs (kernels write the send queues' WQEs and ring their "  \
     "doorbells: IBGDA) when every rank of a context can, else the descriptor ring; 0: always the ring. Not run on " \

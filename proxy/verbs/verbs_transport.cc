@@ -8,10 +8,12 @@
 #include <deque>
 #include <mutex>
 
+#include "proxy/nic_counters.h"
 #include "proxy/protocol/handshake.h"
 #include "proxy/verbs/verbs_recv_comm.h"
 #include "proxy/verbs/verbs_send_comm.h"
 #include "railnet/error.h"
+#include "topo/route.h"
 #include "railnet/log.h"
 #include "railnet/settings.h"
 
@@ -114,7 +116,8 @@ class VerbsTransport final : public Transport {
   }
 
   void connect(int dev, void* handle, std::unique_ptr<SendComm>* comm) override {
-    protocol::connectStep(static_cast<protocol::Handle*>(handle), optionsFor(nicsOf(dev)), comm);
+    auto* peer = static_cast<protocol::Handle*>(handle);
+    protocol::connectStep(peer, optionsFor(nicsOf(routeFor(dev, *peer))), comm);
   }
 
  private:
@@ -123,6 +126,33 @@ class VerbsTransport final : public Transport {
       fail(ncclInvalidUsage, "NET/railnet: device %d does not exist (railnet verbs has %d)", dev, deviceCount());
     }
     return static_cast<size_t>(dev);
+  }
+
+  // PXN-style routing (topo/route.h, RAILNET_FORWARD), as on TCP: a connection from a port to a peer NIC on
+  // another rail leaves from this host's port on that rail, so its QPs stay on one rail's leaf. Physical ports of
+  // the same link layer on both ends (a fused peer's paths are matched NIC by NIC). Not from or to a port that takes
+  // GPU memory: NCCL chose GPUDirect by the GPU's distance to `dev`, and a routed port would read the GPU across the
+  // PCIe fabric; the NVLink hop that avoids it is not built (decisions D83).
+  int routeFor(int dev, const protocol::Handle& peer) const {
+    if (settings().forward == 0 || peer.addressCount > 1 || peer.nicCount > 1) return dev;
+    const size_t index = checked(dev);
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (index >= ports_.size()) return dev;
+    auto hostOnly = [&](size_t port) { return (ports_[port].info.ptrSupport & ~NCCL_PTR_HOST) == 0; };
+    if (!hostOnly(index)) return dev;
+    std::vector<int16_t> rails;
+    for (const VerbsPort& port : ports_) rails.push_back(port.info.railId);
+    const int routed = topo::routeDevice(rails, dev, peer.railId, [&](int candidate) {
+      const size_t other = static_cast<size_t>(candidate);
+      return ports_[other].linkLayer == ports_[index].linkLayer && hostOnly(other);
+    });
+    if (routed != dev && peer.connectToken == 0) {  // the first call of this connection's connects
+      const DeviceInfo& to = ports_[static_cast<size_t>(routed)].info;
+      nicCounters(to.name, to.railId).addRouted();
+      RN_INFO(NCCL_NET, "NET/railnet: connection from %s (rail %d) to a NIC on rail %d leaves from %s, on that rail",
+              ports_[index].info.name.c_str(), ports_[index].info.railId, peer.railId, to.name.c_str());
+    }
+    return routed;
   }
 
   // The ports a device's connections use: itself, or a fused device's children.

@@ -110,10 +110,15 @@ struct NicLine {
 };
 
 // Whether a connection from one rail's device to a NIC on another rail is routed to this host's NIC on that rail
-// (RAILNET_FORWARD, TCP only; docs/design.md "Routes").
-bool routesAcrossRails() {
+// (RAILNET_FORWARD; docs/design.md "Routes"). Verbs ports that take GPU memory are not routed (decisions D83); the
+// soft-RoCE guest's take host memory only.
+bool routesAcrossRails(NetApi& net, int dev) {
   const char* forward = std::getenv("RAILNET_FORWARD");
-  return !verbsTransport() && (forward == nullptr || std::strcmp(forward, "0") != 0);
+  if (forward != nullptr && std::strcmp(forward, "0") == 0) return false;
+  if (!verbsTransport()) return true;
+  DeviceProps props;
+  REQUIRE_OK(net.getProperties(dev, &props));
+  return props.ptrSupport == NCCL_PTR_HOST;
 }
 
 std::map<std::string, NicLine> nicLinesSince(uint64_t mark) {
@@ -346,7 +351,7 @@ TEST_CASE("fusion", "nic_counters", Scope::PerVersionOwnLoad) {
           strf("%llu connections, %llu cross-rail", plain.of(nic0).connections, plain.of(nic0).crossRail));
   REQUIRE(plain.of(nic1).sent == 0 && plain.of(nic1).connections == 0, "NIC 1 counted traffic it did not carry");
 
-  if (routesAcrossRails()) {
+  if (routesAcrossRails(net, rails[0])) {
     // Rail 0's device to a NIC on rail 1, routed: the connection leaves from NIC 1, so nothing crosses rails and
     // NIC 0 carries nothing.
     CounterDelta routed = measure(rails[0], rails[1], {MiB});

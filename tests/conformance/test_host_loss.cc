@@ -62,13 +62,12 @@ struct Placement {
   std::string addressPrefix;    // what a WARN that names either end contains
 };
 
-int deviceNamed(NetApi& net, const std::string& prefix) {
+int deviceNamed(NetApi& net, const std::string& prefix, DeviceProps* props) {
   int count = 0;
   REQUIRE_OK(net.devices(&count));
   for (int dev = 0; dev < count; ++dev) {
-    DeviceProps props;
-    REQUIRE_OK(net.getProperties(dev, &props));
-    if (props.vNdevs == 1 && props.name != nullptr && std::strncmp(props.name, prefix.c_str(), prefix.size()) == 0) {
+    REQUIRE_OK(net.getProperties(dev, props));
+    if (props->vNdevs == 1 && props->name != nullptr && std::strncmp(props->name, prefix.c_str(), prefix.size()) == 0) {
       return dev;
     }
   }
@@ -78,7 +77,16 @@ int deviceNamed(NetApi& net, const std::string& prefix) {
 
 Placement placement(const TestEnv& env) {
   if (!verbsTransport()) return {env.dev, env.dev, "", "127.0.0.1"};
-  return {deviceNamed(*env.net, "rxe0"), deviceNamed(*env.net, "rxe1"), "vbr1", "10.77.0."};
+  DeviceProps rxe0, rxe1;
+  Placement where{deviceNamed(*env.net, "rxe0", &rxe0), deviceNamed(*env.net, "rxe1", &rxe1), "vbr1", "10.77.0."};
+  // Two hosts' NICs on one rail. On different rails railnet would route each connection to leave from the peer's
+  // rail (RAILNET_FORWARD), so both ends would sit on one device, whose own loopback no bridge port can silence.
+  const char* forward = std::getenv("RAILNET_FORWARD");
+  REQUIRE(rxe0.railId == rxe1.railId || (forward != nullptr && std::string(forward) == "0"),
+          strf("rxe0 is on rail %d and rxe1 on rail %d: put them on one rail (RAILNET_RAILS=rxe0:0,rxe1:0) or set "
+               "RAILNET_FORWARD=0, or connections are routed onto one device past the bridge", rxe0.railId,
+               rxe1.railId));
+  return where;
 }
 
 std::string netnsUnmet() {
