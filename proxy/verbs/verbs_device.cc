@@ -57,10 +57,12 @@ VerbsDevice::VerbsDevice(const IbvApi& api, const VerbsPort& port)
          errnoText(err).c_str());
   }
   asyncThread_ = std::thread([this] { asyncLoop(); });
+  // Named here, not by the thread itself: whoever looks right after the device opens (railnet-info, the
+  // conformance count of "rn-verbs-async" threads) must find the name even before the thread first runs.
+  pthread_setname_np(asyncThread_.native_handle(), "rn-verbs-async");
 }
 
 void VerbsDevice::asyncLoop() {
-  pthread_setname_np(pthread_self(), "rn-verbs-async");
   pollfd fds[2] = {{context_->async_fd, POLLIN, 0}, {wakeFd_, POLLIN, 0}};
   while (!stopping_.load(std::memory_order_acquire)) {
     // The timeout is only a safety net: the destructor wakes the poll through the eventfd.

@@ -1,7 +1,9 @@
 #include "harness.h"
 
 #include <dirent.h>
+#include <execinfo.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -79,6 +81,14 @@ void onSigpipe(int) {
 
 void onCrash(int sig) {
   writeFatal(sig == SIGSEGV ? "crashed (SIGSEGV)" : sig == SIGABRT ? "crashed (SIGABRT)" : "crashed (signal)");
+  // Which thread, and where: a plugin thread still running after dlclose shows as frames in no mapped object.
+  char thread[17] = {};
+  prctl(PR_GET_NAME, thread);
+  writeStr("crash in thread \"");
+  writeStr(thread);
+  writeStr("\", backtrace:\n");
+  void* frames[64];
+  backtrace_symbols_fd(frames, backtrace(frames, 64), STDOUT_FILENO);
   signal(sig, SIG_DFL);
   raise(sig);
 }
@@ -94,6 +104,9 @@ void installSignalHandlers() {
   signal(SIGPIPE, onSigpipe);
   // Sanitizers print better crash reports than we can; keep theirs.
   if (!kSanitized) {
+    // backtrace() loads libgcc on its first call, which a signal handler must not: call it once now.
+    void* frame[1];
+    (void)backtrace(frame, 1);
     for (int sig : {SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGABRT}) signal(sig, onCrash);
   }
 }
