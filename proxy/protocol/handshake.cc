@@ -217,8 +217,12 @@ bool HandshakeListener::readHello(Arrival& arrival) {
     ssize_t got = readSome(arrival.fd.get(), reinterpret_cast<char*>(&arrival.hello) + arrival.helloBytes,
                            sizeof(Hello) - arrival.helloBytes);
     if (got == 0) {
-      if (std::chrono::steady_clock::now() - arrival.since > options_.strayTimeout) {
-        reject(arrival, "no hello before RAILNET_STRAY_TIMEOUT_MS");
+      const auto waited = std::chrono::steady_clock::now() - arrival.since;
+      if (waited > options_.strayTimeout) {
+        // How long and how much: a peer that sent part of its hello is slow or its path lossy, not a scanner.
+        reject(arrival, textf("no hello before RAILNET_STRAY_TIMEOUT_MS (accepted %.1f s ago, %zu of %zu hello bytes "
+                              "arrived)", std::chrono::duration<double>(waited).count(), arrival.helloBytes,
+                              sizeof(Hello)).c_str());
         return true;
       }
       return false;
