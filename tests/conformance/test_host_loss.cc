@@ -307,6 +307,15 @@ struct FromChildSender {
     return net.irecv(recv.get(), 1, &data, &bytes, &tag, &handle, request);
   }
   void* postWaiting() { return postRecv(net, recv.get(), buffer.data(), size, reg.handle(), Deadline()); }
+  // Receives one whole message and checks it, then posts the next receive and gives the child a moment to be
+  // writing into it: the request of that second receive.
+  void* receiveOneThenPost() {
+    REQUIRE_OK(waitRequest(net, postWaiting(), nullptr, Deadline()));
+    REQUIRE(findMismatch(buffer.data(), size, childPatternSeed()) == SIZE_MAX, "the first message is corrupted");
+    void* request = postWaiting();
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    return request;
+  }
 
   const size_t size;
   NetApi& net;
@@ -369,12 +378,7 @@ TEST_CASE("host_loss", "silent_sender_host", Scope::PerVersion) {
   NetApi& net = from.net;
   auto post = [&](void** request) { return from.post(request); };
 
-  void* request = from.postWaiting();
-  REQUIRE_OK(waitRequest(net, request, nullptr, Deadline()));
-  REQUIRE(findMismatch(from.buffer.data(), from.size, childPatternSeed()) == SIZE_MAX, "the first message is corrupted");
-
-  request = from.postWaiting();
-  std::this_thread::sleep_for(std::chrono::milliseconds(20));  // the child is writing this message
+  void* request = from.receiveOneThenPost();
   const uint64_t mark = logMark();
   const SilencedHost silenced(from.listenPort, from.where);
   ncclResult_t code = ncclSuccess;
@@ -466,12 +470,7 @@ TEST_CASE("host_loss", "silent_rdma_path", Scope::PerVersion) {
   NetApi& net = from.net;
   auto post = [&](void** request) { return from.post(request); };
 
-  void* request = from.postWaiting();
-  REQUIRE_OK(waitRequest(net, request, nullptr, Deadline()));
-  REQUIRE(findMismatch(from.buffer.data(), from.size, childPatternSeed()) == SIZE_MAX, "the first message is corrupted");
-
-  request = from.postWaiting();
-  std::this_thread::sleep_for(std::chrono::milliseconds(20));  // the child is writing this message
+  void* request = from.receiveOneThenPost();
   const uint64_t mark = logMark();
   const SilencedHost silenced(0, from.where.childBridgePort);
   ncclResult_t code = ncclSuccess;
