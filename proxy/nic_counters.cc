@@ -3,6 +3,8 @@
 #include <deque>
 #include <mutex>
 
+#include "railnet/log.h"
+
 namespace railnet {
 namespace {
 
@@ -39,6 +41,12 @@ NicCounters& nicCounters(const std::string& nic, int railId) {
   added.nic = nic;
   added.railId = railId;
   return added.counters;
+}
+
+void noteRoutedConnection(const std::string& from, int fromRail, int peerRail, const std::string& to, int toRail) {
+  nicCounters(to, toRail).addRouted();
+  RN_INFO(NCCL_NET, "NET/railnet: connection from %s (rail %d) to a NIC on rail %d leaves from %s, on that rail",
+          from.c_str(), fromRail, peerRail, to.c_str());
 }
 
 std::vector<NicCounterSnapshot> nicCounterSnapshot() {

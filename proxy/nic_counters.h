@@ -44,6 +44,9 @@ struct NicCounterSnapshot {
 // The counters of the NIC named `nic` (created on first use; the reference stays valid for the process's life).
 NicCounters& nicCounters(const std::string& nic, int railId);
 std::vector<NicCounterSnapshot> nicCounterSnapshot();
+// A connection routed (topo/route.h) from device `from` to a peer NIC on `peerRail` leaves from NIC `to`: counted
+// as "routed here" on `to` and logged at INFO. Both transports call it on a connection's first connect.
+void noteRoutedConnection(const std::string& from, int fromRail, int peerRail, const std::string& to, int toRail);
 // One line per NIC that carried traffic: "<nic> rail <r>: sent X B, received Y B, N connection(s), M cross-rail,
 // K routed here from another rail's device".
 std::vector<std::string> nicCounterLines();

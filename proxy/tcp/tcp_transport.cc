@@ -186,10 +186,9 @@ class TcpTransport final : public Transport {
       return nics_[static_cast<size_t>(candidate)].address.storage.ss_family == peerAddress.ss_family;
     });
     if (routed != dev && peer.connectToken == 0) {  // the first call of this connection's connects
-      nicCounters(devices_[static_cast<size_t>(routed)].name, devices_[static_cast<size_t>(routed)].railId).addRouted();
-      RN_INFO(NCCL_NET, "NET/railnet: connection from %s (rail %d) to a NIC on rail %d leaves from %s, on that rail",
-              devices_[static_cast<size_t>(dev)].name.c_str(), devices_[static_cast<size_t>(dev)].railId, peer.railId,
-              devices_[static_cast<size_t>(routed)].name.c_str());
+      const DeviceInfo& from = devices_[static_cast<size_t>(dev)];
+      const DeviceInfo& to = devices_[static_cast<size_t>(routed)];
+      noteRoutedConnection(from.name, from.railId, peer.railId, to.name, to.railId);
     }
     return routed;
   }

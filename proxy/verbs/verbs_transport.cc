@@ -148,9 +148,7 @@ class VerbsTransport final : public Transport {
     });
     if (routed != dev && peer.connectToken == 0) {  // the first call of this connection's connects
       const DeviceInfo& to = ports_[static_cast<size_t>(routed)].info;
-      nicCounters(to.name, to.railId).addRouted();
-      RN_INFO(NCCL_NET, "NET/railnet: connection from %s (rail %d) to a NIC on rail %d leaves from %s, on that rail",
-              ports_[index].info.name.c_str(), ports_[index].info.railId, peer.railId, to.name.c_str());
+      noteRoutedConnection(ports_[index].info.name, ports_[index].info.railId, peer.railId, to.name, to.railId);
     }
     return routed;
   }

@@ -391,6 +391,27 @@ void Deadline::check(const char* what) const {
   if (std::chrono::steady_clock::now() >= end_) throw TestFailure(std::string("timed out waiting for ") + what);
 }
 
+ProgressDeadline::ProgressDeadline(const std::atomic<bool>* abort)
+    : abort_(abort),
+      budget_(std::chrono::seconds(options().waitTimeoutSec)),
+      lastProgress_(Clock::now().time_since_epoch().count()) {}
+
+ProgressDeadline::Clock::duration ProgressDeadline::quietFor() const {
+  return Clock::now() - Clock::time_point(Clock::duration(lastProgress_.load(std::memory_order_relaxed)));
+}
+
+bool ProgressDeadline::expired() const {
+  return (abort_ && abort_->load(std::memory_order_relaxed)) || quietFor() >= budget_;
+}
+
+void ProgressDeadline::check(const char* what) const {
+  if (abort_ && abort_->load(std::memory_order_relaxed)) throw TestFailure("aborted: another thread of the test failed");
+  if (quietFor() >= budget_) {
+    throw TestFailure(strf("timed out waiting for %s (no progress for %lld s)", what,
+                           static_cast<long long>(std::chrono::duration_cast<std::chrono::seconds>(budget_).count())));
+  }
+}
+
 void Backoff::idle() {
   if (++idleRounds_ < 64) {
     std::this_thread::yield();

@@ -120,6 +120,24 @@ class Deadline {
   const std::atomic<bool>* abort_;
 };
 
+// A hang deadline for work of any length: expires after options().waitTimeoutSec without progress() (from any
+// thread), not after a fixed total.
+class ProgressDeadline {
+ public:
+  using Clock = std::chrono::steady_clock;
+  explicit ProgressDeadline(const std::atomic<bool>* abort = nullptr);
+  void progressed() const { lastProgress_.store(Clock::now().time_since_epoch().count(), std::memory_order_relaxed); }
+  bool expired() const;
+  // Throws TestFailure naming `what` when expired or aborted.
+  void check(const char* what) const;
+
+ private:
+  Clock::duration quietFor() const;
+  const std::atomic<bool>* abort_;
+  Clock::duration budget_;
+  mutable std::atomic<Clock::rep> lastProgress_;
+};
+
 // Back-off for "not yet, call again" loops: spins briefly, then sleeps so that on a 2-core machine the
 // plugin's own threads get the CPU.
 class Backoff {

@@ -86,41 +86,10 @@ void scan(const Memory& memory, size_t offset, size_t size, Fn fn) {
 
 uint64_t messageSeed(const Plan& plan, size_t sendIndex) { return plan.seed * 1000003u + sendIndex + 1; }
 
-// The hang deadline of one transfer: waitTimeoutSec with no request completing on either side. A budget for the
-// whole plan failed large randomized plans in the soft-RoCE guest under a parallel build's load, where they were
-// only slow (data.register_during_transfer: 358 of 400 receives done when 30 s ran out, every request moving).
-class TransferDeadline {
- public:
-  using Clock = std::chrono::steady_clock;
-  explicit TransferDeadline(const std::atomic<bool>* abort)
-      : abort_(abort), budget_(std::chrono::seconds(options().waitTimeoutSec)), lastProgress_(ticks()) {}
-  // A request completed, on either side.
-  void progressed() const { lastProgress_.store(ticks(), std::memory_order_relaxed); }
-  bool expired() const { return aborted() || quietFor() >= budget_; }
-  void check(const char* what) const {
-    if (aborted()) throw TestFailure("aborted: another thread of the test failed");
-    if (quietFor() >= budget_) {
-      throw TestFailure(strf("timed out waiting for %s (no request completed for %lld s)", what,
-                             static_cast<long long>(std::chrono::duration_cast<std::chrono::seconds>(budget_).count())));
-    }
-  }
-
- private:
-  static Clock::rep ticks() { return Clock::now().time_since_epoch().count(); }
-  bool aborted() const { return abort_ != nullptr && abort_->load(std::memory_order_relaxed); }
-  Clock::duration quietFor() const {
-    return Clock::now() - Clock::time_point(Clock::duration(lastProgress_.load(std::memory_order_relaxed)));
-  }
-
-  const std::atomic<bool>* abort_;
-  Clock::duration budget_;
-  mutable std::atomic<Clock::rep> lastProgress_;
-};
-
 // deadline.check(what), with state() appended when the time ran out, so a hang names what was still pending. An
 // abort stays as it is: join() reports the sibling's failure instead.
 template <typename State>
-void checkDeadline(const TransferDeadline& deadline, const char* what, State state) {
+void checkDeadline(const ProgressDeadline& deadline, const char* what, State state) {
   if (!deadline.expired()) return;
   try {
     deadline.check(what);
@@ -304,7 +273,7 @@ class Sender {
     for (size_t i = 0; i < plan.sends.size(); ++i) queues_[plan.sends[i].tag].push_back(i);
   }
 
-  void run(const TransferDeadline& deadline) {
+  void run(const ProgressDeadline& deadline) {
     Backoff backoff;
     while (completed_ < plan_.sends.size()) {
       checkDeadline(deadline, "isend requests to complete", [this] { return state(); });
@@ -429,7 +398,7 @@ class Receiver {
         layout_(layout),
         slotBusy_(layout.recvSlots, false) {}
 
-  void run(const TransferDeadline& deadline) {
+  void run(const ProgressDeadline& deadline) {
     Backoff backoff;
     while (completed_ < plan_.recvs.size()) {
       checkDeadline(deadline, "irecv requests to complete", [this] { return state(); });
@@ -730,7 +699,10 @@ void runTransfer(NetApi& net, Connection& conn, const Plan& plan, const std::fun
     sendMemory.registerOn(net, conn.send.get());
     recvMemory.registerOn(net, conn.recv.get());
     ThreadGroup threads;
-    const TransferDeadline deadline(threads.abortFlag());
+    // Counts from the last request that completed on either side: a fixed budget for the whole plan failed large
+    // randomized plans in the soft-RoCE guest under a parallel build's load, where they were only slow
+    // (data.register_during_transfer: 358 of 400 receives done when 30 s ran out, every request moving).
+    const ProgressDeadline deadline(threads.abortFlag());
     Sender sender(net, conn.send.get(), sendMemory, plan, layout);
     Receiver receiver(net, conn.recv.get(), recvMemory, plan, layout);
     threads.spawn([&] {
