@@ -114,8 +114,8 @@ void installSignalHandlers() {
 [[noreturn]] void usage(const char* error) {
   std::fprintf(stderr,
                "%s\nusage: railnet-conformance --plugin PATH [--version all|V[,V...]] [--group NAME[,NAME...]]\n"
-               "         [--filter SUBSTRING] [--max-size BYTES[K|M|G]] [--list] [--verbose]\n"
-               "         [--wait-timeout SEC] [--test-timeout SEC]\n",
+               "         [--filter SUBSTRING] [--skip SUBSTRING[,SUBSTRING...]] [--max-size BYTES[K|M|G]] [--list]\n"
+               "         [--verbose] [--wait-timeout SEC] [--test-timeout SEC]\n",
                error);
   std::exit(2);
 }
@@ -173,6 +173,8 @@ void parseOptions(int argc, char** argv) {
       o.group = value();
     else if (arg == "--filter")
       o.filter = value();
+    else if (arg == "--skip")
+      o.skip = splitList(value());
     else if (arg == "--max-size")
       o.maxSize = parseSize(value());
     else if (arg == "--list")
@@ -204,6 +206,9 @@ std::string testName(const TestCase& test, int version) {
 bool selected(const TestCase& test, const std::string& name) {
   if (!gOptions.group.empty() && !groupSelected(test.group)) return false;
   if (std::find(gSkippedGroups.begin(), gSkippedGroups.end(), test.group) != gSkippedGroups.end()) return false;
+  for (const std::string& skipped : gOptions.skip) {
+    if (name.find(skipped) != std::string::npos) return false;
+  }
   return gOptions.filter.empty() || name.find(gOptions.filter) != std::string::npos;
 }
 

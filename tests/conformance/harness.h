@@ -40,6 +40,7 @@ struct Options {
   bool versionGiven = false;  // --version N: that version also runs the largest sizes
   std::string group;
   std::string filter;
+  std::vector<std::string> skip;  // --skip: a test whose name contains any of these does not run
   size_t maxSize = size_t{1} << 30;
   bool list = false;
   bool verbose = false;
