@@ -39,8 +39,8 @@ case "${1:-}" in
       # connections set up one after another took 92 s (data.many_connections) and more with a second guest
       # beside it (docs/reliability.md "Every CI stage, many runs, under load"). A real hang still fails the stage.
       conformance="build/tests/conformance/railnet-conformance --plugin build/libnccl-net-railnet.so --max-size 16M --test-timeout 360"
-      # The listener and its handling of stray connections are the shared handshake layer's (proxy/protocol), the
-      # same code under both transports: those tests run natively, three times.
+      # The listener and its handling of stray connections belong to the shared handshake layer (proxy/protocol),
+      # the same code under both transports: those tests run natively, three times.
       $conformance --version 12 --group basic,data,grouped,failure,lifecycle,verbs,fusion \
         --skip stray_garbage,hostile_listener,strays_at_descriptor_limit || status=1
       # GIN over verbs: put+signal on all three tables (the whole gin group takes ~10 minutes under TCG).

@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <cstdlib>
 #include <exception>
 #include <functional>
 #include <memory>
@@ -29,6 +30,47 @@ using railnet::nccl_loader::symbolName;
 
 // library.api(version) with the logger and profiler NCCL would pass: log_capture's, so tests can see WARNs.
 std::unique_ptr<NetApi> openApi(const PluginLibrary& library, int version);
+
+// Sets an environment variable for the scope of a test, restoring the previous value.
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const char* value) : name_(name) {
+    if (const char* old = std::getenv(name)) {
+      had_ = true;
+      old_ = old;
+    }
+    setenv(name, value, 1);
+  }
+  ~ScopedEnv() {
+    if (had_) {
+      setenv(name_, old_.c_str(), 1);
+    } else {
+      unsetenv(name_);
+    }
+  }
+  ScopedEnv(const ScopedEnv&) = delete;
+  ScopedEnv& operator=(const ScopedEnv&) = delete;
+
+ private:
+  const char* name_;
+  bool had_ = false;
+  std::string old_;
+};
+
+// The plugin loaded for one Scope::PerVersionOwnLoad test (the shared load is released first), with one setting of
+// its own in the environment while it initializes: settings are read once, at init.
+struct OwnLoad {
+  OwnLoad(const std::string& pluginPath, int version, const char* setting, const char* value)
+      : scoped(setting, value), library(pluginPath), net(openApi(library, version)) {}
+  ScopedEnv scoped;
+  PluginLibrary library;
+  std::unique_ptr<NetApi> net;
+};
+
+// A stray timeout short enough to test (RAILNET_STRAY_TIMEOUT_MS). Only the tests of stray connections use it, each
+// in a load of its own: everything else runs with the production default (10 s), because on a loaded machine a live
+// peer's hello can come later than half a second after its connect (the hour soak saw it, stop 33).
+inline constexpr const char* kShortStrayTimeoutMs = "500";
 
 // True while a library whose path ends like `path` is still mapped in this process (after dlclose: it was
 // not unloaded, e.g. because of STB_GNU_UNIQUE symbols).

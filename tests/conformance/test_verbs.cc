@@ -21,32 +21,6 @@ namespace {
 
 constexpr size_t kSize = 256 * 1024;
 
-// Sets an environment variable for the scope of a test, restoring the previous value.
-class ScopedEnv {
- public:
-  ScopedEnv(const char* name, const char* value) : name_(name) {
-    if (const char* old = std::getenv(name)) {
-      had_ = true;
-      old_ = old;
-    }
-    setenv(name, value, 1);
-  }
-  ~ScopedEnv() {
-    if (had_) {
-      setenv(name_, old_.c_str(), 1);
-    } else {
-      unsetenv(name_);
-    }
-  }
-  ScopedEnv(const ScopedEnv&) = delete;
-  ScopedEnv& operator=(const ScopedEnv&) = delete;
-
- private:
-  const char* name_;
-  bool had_ = false;
-  std::string old_;
-};
-
 bool infoSince(uint64_t mark, const std::string& needle) {
   for (const LogRecord& record : recordsSince(mark, NCCL_LOG_INFO)) {
     if (record.text.find(needle) != std::string::npos) return true;
