@@ -343,7 +343,23 @@ size_t openFileCount() {
   return count > 0 ? count - 1 : 0;  // opendir's own descriptor
 }
 
-std::vector<std::string> threadNames() {
+namespace {
+
+// The kernel's own count of this process's threads (the Threads: line of /proc/self/status); -1 if unreadable.
+int kernelThreadCount() {
+  int count = -1;
+  if (FILE* status = std::fopen("/proc/self/status", "r")) {
+    char line[256];
+    while (std::fgets(line, sizeof(line), status)) {
+      if (std::sscanf(line, "Threads: %d", &count) == 1) break;
+    }
+    std::fclose(status);
+  }
+  return count;
+}
+
+// One listing of /proc/self/task: each thread's name ("?" if it went before its name was read).
+std::vector<std::string> listThreadNames() {
   std::vector<std::string> names;
   DIR* dir = opendir("/proc/self/task");
   if (!dir) return names;
@@ -359,6 +375,23 @@ std::vector<std::string> threadNames() {
     names.push_back(name);
   }
   closedir(dir);
+  return names;
+}
+
+}  // namespace
+
+std::vector<std::string> threadNames() {
+  // A listing of /proc/self/task is not atomic: when the thread it has reached leaves the thread list meanwhile, the
+  // listing ends there (fs/proc/base.c, next_tid: a task no longer alive has no next), and every newer thread is
+  // missing from it. A thread that pthread_join has just returned for may still be leaving in the kernel. So the
+  // listing counts only when the kernel's thread count is the same before and after it and equals its length.
+  std::vector<std::string> names;
+  for (int attempt = 0; attempt < 200; ++attempt) {
+    const int before = kernelThreadCount();
+    names = listThreadNames();
+    if (before >= 0 && before == kernelThreadCount() && static_cast<size_t>(before) == names.size()) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
   return names;
 }
 

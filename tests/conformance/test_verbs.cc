@@ -145,8 +145,10 @@ TEST_CASE("verbs", "async_thread_and_counters", Scope::Once) {
     {
       LinkedPair pair(*net, 0);
       const bool verbs = verbsLoaded(mark);
-      // Both comms share the port's device context: one async-event thread for it. Seen missing twice in ~10 runs
-      // of the soft-RoCE stage (stop 32), cause not found: wait up to 5 s, and name every thread if it never comes.
+      // Both comms share the port's device context: one async-event thread for it. It was seen missing twice in ~10
+      // runs of the soft-RoCE stage (stop 32): the connect and accept threads had just been joined and were still
+      // leaving the kernel's thread list, which cut the /proc/self/task listing short (threadNames() now lists until
+      // the kernel's count agrees, stop 33). Should it still be missing, wait up to 5 s and name every thread.
       const int expected = before + (verbs ? 1 : 0);
       int during = countThreads("rn-verbs-async");
       for (const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(5);
