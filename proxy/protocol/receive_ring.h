@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <string>
 
+#include "proxy/protocol/chunk_ledger.h"
 #include "proxy/protocol/wire.h"
 #include "railnet/log.h"
 #include "railnet/nccl/common.h"
@@ -23,7 +24,7 @@ struct ReceiveBuffer {
   char* data = nullptr;
   uint64_t capacity = 0;
   int tag = 0;
-  std::atomic<uint64_t> received{0};
+  ChunkLedger ledger;              // the bytes placed so far, each counted once
   std::atomic<uint64_t> size{0};  // the message's size once complete
 };
 
@@ -37,7 +38,7 @@ class PostedReceive {
   // Bytes in so far, over every buffer (the watchdog's measure of progress).
   uint64_t receivedBytes() const {
     uint64_t total = 0;
-    for (int i = 0; i < count_; ++i) total += buffers_[i].received.load(std::memory_order_relaxed);
+    for (int i = 0; i < count_; ++i) total += buffers_[i].ledger.placed();
     return total;
   }
 
@@ -101,7 +102,7 @@ class ReceiveRing {
       buffer.data = static_cast<char*>(data[i]);
       buffer.capacity = sizes[i];
       buffer.tag = tags != nullptr ? tags[i] : 0;
-      buffer.received.store(0, std::memory_order_relaxed);
+      buffer.ledger.reset();
       buffer.size.store(0, std::memory_order_relaxed);
     }
     entry.oversize_.store(false, std::memory_order_relaxed);
@@ -150,13 +151,25 @@ class ReceiveRing {
     return buffer.data + header.offset;
   }
 
-  // Any thread, after destination() accepted the chunk and its bytes landed: counts them, and completes the
-  // buffer when the whole message is in.
-  void addBytes(const ChunkHeader& header) {
+  // Any thread, after destination() accepted the chunk and its bytes landed: counts the bytes no chunk placed
+  // before, and completes the buffer when the whole message is in. False, with why, for a chunk that overlaps
+  // placed bytes in part or names another message size than the buffer's other chunks (a protocol error for the
+  // caller to record); a chunk that repeats placed bytes exactly counts nothing and is not an error.
+  bool addBytes(const ChunkHeader& header, std::string* why) {
     Entry& entry = entries_[header.recvId % kEntries];
     ReceiveBuffer& buffer = entry.buffers_[header.slot];
-    const uint64_t before = buffer.received.fetch_add(header.length, std::memory_order_acq_rel);
-    if (before + header.length == header.messageSize) completeBuffer(entry, header.slot, header.messageSize);
+    switch (buffer.ledger.add(header.offset, header.length, header.messageSize, why)) {
+      case ChunkLedger::Verdict::kComplete:
+        completeBuffer(entry, header.slot, header.messageSize);
+        return true;
+      case ChunkLedger::Verdict::kCounted:
+      case ChunkLedger::Verdict::kRepeated:
+        return true;
+      case ChunkLedger::Verdict::kConflict:
+        break;
+    }
+    *why = "receive " + std::to_string(header.recvId) + " buffer " + std::to_string(header.slot) + ": " + *why;
+    return false;
   }
 
   static void completeBuffer(Entry& entry, int index, uint64_t size) {

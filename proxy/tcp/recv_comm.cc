@@ -241,9 +241,10 @@ void TcpRecvComm::chunkReceived(const ChunkHeader& header) noexcept {
   // A staged chunk's bytes are the receive's only once its piece is copied up (pumpStaging).
   if ((header.flags & kChunkStaged) != 0) {
     landing_.landed(header);
-  } else {
-    ring_.addBytes(header);
+    return;
   }
+  std::string why;
+  if (!ring_.addBytes(header, &why)) control_.recordFailure("protocol error: " + why);
 }
 
 std::string TcpRecvComm::describeReceive(const RecvRequest& request) const {
@@ -252,7 +253,7 @@ std::string TcpRecvComm::describeReceive(const RecvRequest& request) const {
   for (int i = 0; i < request.count(); ++i) {
     const protocol::ReceiveBuffer& buffer = request.buffer(i);
     buffers += " [" + std::to_string(i) + "] tag " + std::to_string(buffer.tag) + ((staged >> i & 1) != 0 ? " GPU" : " host") +
-               " " + std::to_string(buffer.received.load(std::memory_order_relaxed)) + " of " +
+               " " + std::to_string(buffer.ledger.placed()) + " of " +
                std::to_string(buffer.capacity) + " B";
   }
   return textf("receive #%llu:%s", static_cast<unsigned long long>(request.serial), buffers.c_str());
@@ -334,7 +335,7 @@ void TcpRecvComm::pumpStaging() {
       telemetry_.add(staging::StagingTelemetry::kCopy, now - copyingUp_.front().submittedAt);
       telemetry_.countPiece(piece.piece.length);
       copyingUp_.pop_front();
-      ring_.addBytes(piece.piece);
+      if (!ring_.addBytes(piece.piece, &why)) control_.recordFailure("protocol error: " + why);
       landing_.release(piece.slot);
     }
     // Streams that found their piece's slot busy read on now.

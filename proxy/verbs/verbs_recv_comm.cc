@@ -102,7 +102,11 @@ void VerbsRecvComm::applyGroupNotice(int path, const Notice& notice, uint32_t by
       return;
     }
     connection_.counters(path).addReceived(header.length);
-    ring_.addBytes(header);
+    std::string why;
+    if (!ring_.addBytes(header, &why)) {
+      connection_.control().recordFailure("protocol error: " + why);
+      return;
+    }
   }
 }
 
@@ -127,7 +131,8 @@ void VerbsRecvComm::applyNotice(int path, const Notice& notice, uint32_t bytes) 
     memcpy(destination, notice.payload, header.length);
   }
   connection_.counters(path).addReceived(header.length);
-  ring_.addBytes(header);
+  std::string why;
+  if (!ring_.addBytes(header, &why)) connection_.control().recordFailure("protocol error: " + why);
 }
 
 void VerbsRecvComm::pollCompletions() {
@@ -364,7 +369,7 @@ std::string VerbsRecvComm::describeReceive(const VerbsRecvRequest& request) cons
   for (int i = 0; i < request.count(); ++i) {
     const protocol::ReceiveBuffer& buffer = request.buffer(i);
     buffers += " [" + std::to_string(i) + "] tag " + std::to_string(buffer.tag) + " " +
-               std::to_string(buffer.received.load(std::memory_order_relaxed)) + " of " +
+               std::to_string(buffer.ledger.placed()) + " of " +
                std::to_string(buffer.capacity) + " B";
   }
   return textf("receive #%llu:%s", static_cast<unsigned long long>(request.serial_), buffers.c_str());

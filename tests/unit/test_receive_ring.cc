@@ -1,10 +1,12 @@
 // The receive ring both transports complete receives with (proxy/protocol/receive_ring.h): its window of posted
-// receives, wrap-around of receive ids, oversize frames, and chunks that complete out of order.
+// receives, wrap-around of receive ids, oversize frames, chunks that complete out of order, and chunks that repeat
+// or contradict placed bytes.
 #include <catch2/catch.hpp>
 
 #include <algorithm>
 #include <cstring>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "proxy/protocol/receive_ring.h"
@@ -30,6 +32,14 @@ ChunkHeader chunk(uint32_t recvId, int buffer, uint64_t messageSize, uint64_t of
   header.offset = offset;
   header.length = length;
   return header;
+}
+
+// The ring's addBytes; a refusal's reason goes into the test's report.
+bool addBytes(Ring& ring, const ChunkHeader& header) {
+  std::string why;
+  const bool accepted = ring.addBytes(header, &why);
+  if (!accepted) UNSCOPED_INFO(why);
+  return accepted;
 }
 
 // Posts one single-buffer receive of `capacity` bytes into `memory`.
@@ -76,7 +86,7 @@ TEST_CASE("receive ids wrap around the ring; an id of an earlier lap is not post
     if (id >= Ring::kEntries) CHECK(ring.find(id - Ring::kEntries, 0) == nullptr);  // the same entry, another lap
     const ChunkHeader header = chunk(id, 0, 100, 0, 100);
     REQUIRE(ring.destination(header) == memory.data());
-    ring.addBytes(header);
+    REQUIRE(addBytes(ring, header));
     REQUIRE(entry->complete());
     int size = 0;
     REQUIRE(Ring::finish(*entry, &size) == ncclSuccess);
@@ -114,7 +124,7 @@ TEST_CASE("chunks complete a buffer in any order; a grouped receive completes wh
     REQUIRE(!entry->complete());
     char* destination = ring.destination(chunks[k]);
     REQUIRE(destination == static_cast<char*>(data[chunks[k].slot]) + chunks[k].offset);
-    ring.addBytes(chunks[k]);
+    REQUIRE(addBytes(ring, chunks[k]));
   }
   REQUIRE(entry->complete());
   int received[kMaxRecvs] = {};
@@ -149,7 +159,7 @@ TEST_CASE("an oversize frame completes its buffer with 0 bytes and fails the rec
   CHECK(!entry->complete());  // the other buffer is still open
   const ChunkHeader header = chunk(id, 1, 4096, 0, 4096);
   REQUIRE(ring.destination(header) != nullptr);
-  ring.addBytes(header);
+  REQUIRE(addBytes(ring, header));
   REQUIRE(entry->complete());
   int received[2] = {-1, -1};
   CHECK(Ring::finish(*entry, received) == ncclInvalidUsage);
@@ -186,4 +196,34 @@ TEST_CASE("the clear-to-send lists each buffer's tag and capacity in order", "[r
   ring.unpost(*entry);
   CHECK(ring.nextId() == id);
   CHECK(ring.find(id, 0) == nullptr);
+}
+
+TEST_CASE("a chunk that repeats placed bytes counts once; one that contradicts them is refused", "[receive-ring]") {
+  Ring ring;
+  std::vector<char> memory(1 << 16);
+  const uint32_t id = ring.nextId();
+  Entry* entry = postOne(ring, memory);
+  REQUIRE(entry != nullptr);
+  constexpr uint64_t kMessage = 3 * 4096;
+  REQUIRE(addBytes(ring, chunk(id, 0, kMessage, 0, 4096)));
+  // Sent again (failover re-sends a chunk whose NIC failed): harmless, and it does not complete the buffer, where a
+  // byte counter would have reached the message size with the last 4 KiB missing.
+  REQUIRE(addBytes(ring, chunk(id, 0, kMessage, 0, 4096)));
+  REQUIRE(addBytes(ring, chunk(id, 0, kMessage, 4096, 4096)));
+  CHECK(!entry->complete());
+  CHECK(entry->receivedBytes() == 2 * 4096);
+  std::string why;
+  CHECK(!ring.addBytes(chunk(id, 0, kMessage, 6000, 4096), &why));  // overlaps placed bytes in part
+  CHECK(why.find("in part") != std::string::npos);
+  CHECK(why.find("receive " + std::to_string(id) + " buffer 0") != std::string::npos);
+  why.clear();
+  CHECK(!ring.addBytes(chunk(id, 0, kMessage + 1, 2 * 4096, 4096), &why));  // another message size
+  CHECK(why.find("message") != std::string::npos);
+  CHECK(!entry->complete());
+  REQUIRE(addBytes(ring, chunk(id, 0, kMessage, 2 * 4096, 4096)));
+  REQUIRE(entry->complete());
+  REQUIRE(addBytes(ring, chunk(id, 0, kMessage, 4096, 8192 - 4096)));  // late repeat after completion: nothing
+  int size = 0;
+  REQUIRE(Ring::finish(*entry, &size) == ncclSuccess);
+  CHECK(size == static_cast<int>(kMessage));
 }
