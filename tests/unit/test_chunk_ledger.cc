@@ -33,6 +33,15 @@ std::vector<Chunk> cut(uint64_t size, std::mt19937_64& rng) {
   return chunks;
 }
 
+// Resets `ledger` for a message of a random size in [minimum, minimum + span) and returns its size and its chunks.
+uint64_t nextMessage(ChunkLedger& ledger, std::mt19937_64& rng, uint64_t minimum, uint64_t span,
+                     std::vector<Chunk>* chunks) {
+  const uint64_t size = minimum + rng() % span;
+  ledger.reset();
+  *chunks = cut(size, rng);
+  return size;
+}
+
 LedgerVerdict add(ChunkLedger& ledger, uint64_t offset, uint64_t length, uint64_t size) {
   std::string why;
   const LedgerVerdict verdict = ledger.add(offset, length, size, &why);
@@ -46,10 +55,9 @@ TEST_CASE("chunk ledger: in any order, with repeats, every byte counts once and 
           "[chunk-ledger]") {
   std::mt19937_64 rng(11);
   ChunkLedger ledger;
+  std::vector<Chunk> chunks;
   for (int round = 0; round < 50; ++round) {
-    const uint64_t size = 1 + rng() % 200000;
-    ledger.reset();
-    std::vector<Chunk> chunks = cut(size, rng);
+    const uint64_t size = nextMessage(ledger, rng, 1, 200000, &chunks);
     // Every chunk once, a third of them twice, in a random order.
     std::vector<Chunk> arrivals = chunks;
     for (const Chunk& chunk : chunks) {
@@ -130,10 +138,9 @@ TEST_CASE("chunk ledger: helper threads adding chunks and repeats at once comple
   constexpr int kThreads = 4;
   std::mt19937_64 rng(5);
   ChunkLedger ledger;
+  std::vector<Chunk> chunks;
   for (int round = 0; round < 20; ++round) {
-    const uint64_t size = 50000 + rng() % 500000;
-    ledger.reset();
-    std::vector<Chunk> chunks = cut(size, rng);
+    const uint64_t size = nextMessage(ledger, rng, 50000, 500000, &chunks);
     // Each chunk goes to one thread, and a repeat of it to another, as a failed-over NIC and its survivor would.
     std::vector<std::vector<Chunk>> work(kThreads);
     for (size_t i = 0; i < chunks.size(); ++i) {
