@@ -6,6 +6,12 @@ namespace railnet::cuda {
 
 std::unique_ptr<CuMemAllocation> CuMemAllocation::create(const DriverApi& api, CUdevice device, size_t bytes,
                                                          std::string* why) {
+  return create(api, device, bytes, {}, false, why);
+}
+
+std::unique_ptr<CuMemAllocation> CuMemAllocation::create(const DriverApi& api, CUdevice device, size_t bytes,
+                                                         const std::vector<CUdevice>& peers, bool gpuDirectRdma,
+                                                         std::string* why) {
   if (api.cuMemCreate == nullptr || api.cuMemGetAllocationGranularity == nullptr || api.cuMemAddressReserve == nullptr ||
       api.cuMemAddressFree == nullptr || api.cuMemMap == nullptr || api.cuMemUnmap == nullptr ||
       api.cuMemSetAccess == nullptr || api.cuMemRelease == nullptr) {
@@ -20,6 +26,7 @@ std::unique_ptr<CuMemAllocation> CuMemAllocation::create(const DriverApi& api, C
   prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
   prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
   prop.location.id = device;
+  prop.allocFlags.gpuDirectRDMACapable = gpuDirectRdma ? 1 : 0;
   size_t granularity = 0;
   if (CUresult r = api.cuMemGetAllocationGranularity(&granularity, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM);
       r != CUDA_SUCCESS || granularity == 0) {
@@ -40,10 +47,16 @@ std::unique_ptr<CuMemAllocation> CuMemAllocation::create(const DriverApi& api, C
     return failed("cuMemMap", r);
   }
   allocation->mappedOk_ = true;
-  CUmemAccessDesc access{};
-  access.location = prop.location;
-  access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
-  if (CUresult r = api.cuMemSetAccess(allocation->address_, rounded, &access, 1); r != CUDA_SUCCESS) {
+  std::vector<CUmemAccessDesc> access(1);
+  access[0].location = prop.location;
+  access[0].flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+  for (CUdevice peer : peers) {
+    if (peer == device) continue;
+    CUmemAccessDesc& grant = access.emplace_back();
+    grant.location = {CU_MEM_LOCATION_TYPE_DEVICE, peer};
+    grant.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+  }
+  if (CUresult r = api.cuMemSetAccess(allocation->address_, rounded, access.data(), access.size()); r != CUDA_SUCCESS) {
     return failed("cuMemSetAccess", r);
   }
   return allocation;

@@ -7,6 +7,7 @@
 #include <cstddef>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "base/cuda_driver.h"
 
@@ -17,6 +18,11 @@ class CuMemAllocation {
   // `bytes` (rounded up to the allocation granularity) on `device`, readable and writable by it. nullptr with
   // *why when the driver lacks the cuMem API or a step fails ("cuMemCreate: CUDA_ERROR_OUT_OF_MEMORY (2)").
   static std::unique_ptr<CuMemAllocation> create(const DriverApi& api, CUdevice device, size_t bytes, std::string* why);
+  // The same, also readable and writable by `peers` (GPUs with peer access to `device`: their copy engines write
+  // it over NVLink), and marked for GPUDirect RDMA when `gpuDirectRdma` (a NIC registers it through a DMA-BUF).
+  static std::unique_ptr<CuMemAllocation> create(const DriverApi& api, CUdevice device, size_t bytes,
+                                                 const std::vector<CUdevice>& peers, bool gpuDirectRdma,
+                                                 std::string* why);
   ~CuMemAllocation();  // unmaps, releases the physical memory and frees the address range
   CuMemAllocation(const CuMemAllocation&) = delete;
   CuMemAllocation& operator=(const CuMemAllocation&) = delete;

@@ -152,6 +152,11 @@ struct DriverApi {
                        unsigned long long flags) = nullptr;
   CUresult (*cuMemUnmap)(CUdeviceptr pointer, size_t size) = nullptr;
   CUresult (*cuMemSetAccess)(CUdeviceptr pointer, size_t size, const CUmemAccessDesc* desc, size_t count) = nullptr;
+  // Optional: the verbs transport's NVLink hop (proxy/staging/nvlink_staging.h) finds the rail's GPU by bus id,
+  // checks peer access to it and copies into it; without them the hop is off and GPUDirect ports are not routed.
+  CUresult (*cuDeviceGetByPCIBusId)(CUdevice* device, const char* busId) = nullptr;
+  CUresult (*cuDeviceCanAccessPeer)(int* canAccess, CUdevice device, CUdevice peer) = nullptr;
+  CUresult (*cuMemcpyDtoDAsync)(CUdeviceptr destination, CUdeviceptr source, size_t bytes, CUstream stream) = nullptr;
   // Optional: error names for log lines.
   CUresult (*cuGetErrorString)(CUresult error, const char** text) = nullptr;
 

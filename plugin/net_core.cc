@@ -56,7 +56,7 @@ void placeDevices(Transport& chosen) {
   topo::Placement placement = topo::placeNetDevices(devices);
   for (int dev = 0; dev < chosen.deviceCount() && static_cast<size_t>(dev) < placement.devices.size(); ++dev) {
     const topo::NetDevice& placed = placement.devices[static_cast<size_t>(dev)];
-    chosen.place(dev, placed.pciPath, placed.railId);
+    chosen.place(dev, placed.pciPath, placed.railId, placed.railGpu);
   }
 }
 

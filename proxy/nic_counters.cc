@@ -58,7 +58,8 @@ std::vector<NicCounterSnapshot> nicCounterSnapshot() {
                    e.counters.bytesReceived.load(std::memory_order_relaxed),
                    e.counters.connections.load(std::memory_order_relaxed),
                    e.counters.crossRailConnections.load(std::memory_order_relaxed),
-                   e.counters.routedConnections.load(std::memory_order_relaxed)});
+                   e.counters.routedConnections.load(std::memory_order_relaxed),
+                   e.counters.bytesHopped.load(std::memory_order_relaxed)});
   }
   return out;
 }
@@ -70,7 +71,8 @@ std::vector<std::string> nicCounterLines() {
     lines.push_back(s.nic + " rail " + std::to_string(s.railId) + ": sent " + std::to_string(s.bytesSent) +
                     " B, received " + std::to_string(s.bytesReceived) + " B, " + std::to_string(s.connections) +
                     " connection(s), " + std::to_string(s.crossRailConnections) + " cross-rail, " +
-                    std::to_string(s.routedConnections) + " routed here from another rail's device");
+                    std::to_string(s.routedConnections) + " routed here from another rail's device" +
+                    (s.bytesHopped != 0 ? ", " + std::to_string(s.bytesHopped) + " B of them over an NVLink hop" : ""));
   }
   return lines;
 }

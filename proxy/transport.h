@@ -193,8 +193,8 @@ class Transport {
   virtual int deviceCount() const noexcept = 0;
   virtual const DeviceInfo& device(int dev) const = 0;
   // Where topology placed physical device `dev` (plugin init, before any comm): its PCI path and rail, which
-  // the transport then reports and carries in its handshakes.
-  virtual void place(int dev, const std::string& pciPath, int16_t railId) = 0;
+  // the transport then reports and carries in its handshakes, and the bus id of its rail's GPU (empty: none).
+  virtual void place(int dev, const std::string& pciPath, int16_t railId, const std::string& railGpu) = 0;
   // True when the transport takes GPU memory without the NIC ever touching it (the TCP transport's copy-engine
   // staging): NCCL's GPU-to-NIC distance rule for GPUDirect then protects nothing (plugin/net_core.cc).
   virtual bool stagesGpuMemoryInHost() const noexcept { return false; }

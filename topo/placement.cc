@@ -127,6 +127,12 @@ Placement planPlacement(const Topology& topology, const RailPlan& plan, const st
     }
     if (device.nic >= 0) {
       anyNic = true;
+      for (size_t gpu = 0; gpu < plan.gpuNic.size() && gpu < topology.gpus.size(); ++gpu) {
+        if (plan.gpuNic[gpu] == device.nic) {
+          device.railGpu = topology.gpus[gpu].where.busId;
+          break;
+        }
+      }
       if (device.pciPath.empty()) device.pciPath = topology.nics[static_cast<size_t>(device.nic)].where.sysfsPath();
     } else if (device.pciPath.empty()) {
       ++pciLess;
@@ -177,11 +183,11 @@ Placement placeNetDevices(const std::vector<NetDevice>& devices, const Settings&
   for (const std::string& warning : plan.warnings)
     RN_INFO(NCCL_INIT | NCCL_NET, "NET/railnet: topology: %s", warning.c_str());
   for (const NetDevice& device : placement.devices) {
-    RN_INFO(NCCL_INIT | NCCL_NET, "NET/railnet: device %s: %s, rail %d", device.name.c_str(),
+    RN_INFO(NCCL_INIT | NCCL_NET, "NET/railnet: device %s: %s, rail %d%s%s", device.name.c_str(),
             device.nic >= 0          ? ("NIC " + topology.nics[static_cast<size_t>(device.nic)].where.busId).c_str()
             : device.pciPath.empty() ? "no PCI function"
                                      : device.pciPath.c_str(),
-            device.railId);
+            device.railId, device.railGpu.empty() ? "" : ", GPU ", device.railGpu.c_str());
   }
 
   Registry& state = registry();

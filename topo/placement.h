@@ -19,6 +19,7 @@ struct NetDevice {
   std::string pciPath;  // sysfs path, empty when the device has no PCI function (or the transport did not know)
   int16_t railId = -1;  // -1 (NCCL_NET_ID_UNDEF) when unknown
   int nic = -1;         // out: index into Topology::nics, -1 when no NIC matched
+  std::string railGpu;  // out: PCI bus id of the first GPU (by index) that uses this NIC, empty when none
 };
 
 struct Placement {

@@ -55,8 +55,8 @@ inline constexpr int64_t kSizeMax = INT64_MAX;
     "group's other sends, so they travel as one transfer; 0 sends each member on its own.")                     \
   X(Int, forward, "RAILNET_FORWARD", 1, (0, 1),                                                                 \
     "PXN-style routing: a connection to a peer NIC on another rail leaves from this host's NIC on that rail "    \
-    "when there is one (TCP; verbs ports that take host memory only; docs/design.md, Routes); 0: always from "  \
-    "the device NCCL chose.")                                                                                    \
+    "when there is one (TCP; verbs: RAILNET_IB_NVLINK_HOP says how for GPUDirect ports; docs/design.md, "       \
+    "Routes); 0: always from the device NCCL chose.")                                                                                    \
   X(Int, doorbellDirect, "RAILNET_DOORBELL_DIRECT", 0, (0, 1),                                                  \
     "1: railnet's GPU doorbells post straight to mlx5 NICs (kernels write the send queues' WQEs and ring their "  \
     "doorbells: IBGDA) when every rank of a context can, else the descriptor ring; 0: always the ring. Not run on " \
@@ -95,7 +95,8 @@ inline constexpr int64_t kSizeMax = INT64_MAX;
     "1: staging copies run in a CUDA context of railnet's own per GPU: never queued behind the NCCL kernel that " \
     "waits for them (D64), but one under 32 KiB into GPU memory waits for a GPU time slice while a kernel of "  \
     "another context runs (D70); 0: in the context of the comm's memory: no such wait, but a copy may queue "  \
-    "behind that kernel for ever when the application uses many CUDA streams.")                                \
+    "behind that kernel for ever when the application uses many CUDA streams. The verbs NVLink hop's copies "  \
+    "follow it too.")                                                                                            \
   X(Int, peerTimeoutMs, "RAILNET_PEER_TIMEOUT_MS", 30000, (0, kIntMax),                                          \
     "A peer host that acknowledges nothing for this long fails its connections: not keepalive probes on an "    \
     "idle connection, not data or window probes in flight (noticed within a second more). A live peer process "  \
@@ -130,6 +131,17 @@ inline constexpr int64_t kSizeMax = INT64_MAX;
   X(Int, ibRetryCount, "RAILNET_IB_RETRY_CNT", 7, (0, 7), "QP transport retries before a send fails.")          \
   X(Int, ibQpsPerConnection, "RAILNET_IB_QPS_PER_CONNECTION", 2, (1, 8) /* proxy/verbs/queue_pairs.h kMaxQps */, \
     "Data QPs per connection; messages are striped over them in 128-byte-aligned pieces.")                       \
+  X(Int, ibNvlinkHop, "RAILNET_IB_NVLINK_HOP", 1, (0, 2),                                                      \
+    "Verbs routing of GPUDirect ports (RAILNET_FORWARD): 1: a connection to a peer on another rail leaves from "  \
+    "this host's port on that rail, its GPU bytes first copied over NVLink into staging on that port's GPU, "     \
+    "when that GPU is visible and reachable by peer access (not run on hardware); 0: GPUDirect ports are not "   \
+    "routed; 2 (test feature): routed host-memory connections also send through host staging slots, so the "     \
+    "hop's verbs path runs on soft-RoCE.")                                                                       \
+  X(Int, ibHopPieceBytes, "RAILNET_IB_HOP_PIECE_BYTES", 1048576, (65536, 67108864),                              \
+    "The NVLink hop moves a message in pieces of this size (rounded down to a power of two), one copy and one "  \
+    "staging slot each.")                                                                                        \
+  X(Int, ibHopSlots, "RAILNET_IB_HOP_SLOTS", 8, (2, 256),                                                        \
+    "Staging slots of one piece each on the routed port's GPU, per send comm that hops.")                       \
   X(Enum, ibFlush, "RAILNET_IB_FLUSH", FlushMode::kAuto,                                                         \
     (FlushMode, {"auto", FlushMode::kAuto}, {"0", FlushMode::kNever}, {"1", FlushMode::kAlways},                 \
      {"", FlushMode::kAuto}),                                                                                    \

@@ -104,6 +104,27 @@ bool isCuMemAllocation(const cuda::DriverApi& cuda, const void* pointer) {
   return true;
 }
 
+std::shared_ptr<CopyContext> chooseCopyContext(const cuda::DriverApi& cuda, const DeviceContext& owner, const void* memory,
+                                               bool ownWanted, const std::string& who) {
+  std::string why = "RAILNET_TCP_OWN_COPY_CONTEXT=0";
+  std::shared_ptr<CopyContext> copyContext;
+  if (ownWanted) copyContext = CopyContext::forDevice(cuda, owner.device(), &why);
+  if (copyContext != nullptr && !copyContext->canRead(memory)) {
+    why = "it cannot read this memory (not a cuMem allocation)";
+    copyContext.reset();
+  }
+  if (copyContext == nullptr) {
+    RN_INFO(NCCL_NET, "NET/railnet: %s copies in the application's context (%s): a copy may queue behind an "
+            "NCCL kernel that waits for it when the process has many CUDA streams", who.c_str(), why.c_str());
+  } else if (!isCuMemAllocation(cuda, memory)) {
+    // Still railnet's context: a hang is worse than half the bandwidth (copy_queue.h says why on both counts).
+    RN_INFO(NCCL_NET, "NET/railnet: %s: GPU memory %p is not a cuMem allocation (NCCL_CUMEM_ENABLE=0, or "
+            "cudaMalloc'd and registered): its copies from railnet's copy context take a slower path", who.c_str(),
+            memory);
+  }
+  return copyContext;
+}
+
 // ---- ContextScope -------------------------------------------------------------------------------------------
 
 ContextScope::ContextScope(const cuda::DriverApi& cuda, cuda::CUcontext context) : cuda_(cuda) {
@@ -145,17 +166,31 @@ CopyQueue::~CopyQueue() {
 
 bool CopyQueue::submit(Direction direction, void* host, cuda::CUdeviceptr device, size_t bytes, uint64_t cookie,
                        std::string* why) {
+  const bool down = direction == Direction::kDeviceToHost;
+  return enqueue(down ? "device-to-host" : "host-to-device", bytes, cookie, why, [&] {
+    return down ? cuda_.cuMemcpyDtoHAsync(host, device, bytes, stream_)
+                : cuda_.cuMemcpyHtoDAsync(device, host, bytes, stream_);
+  });
+}
+
+bool CopyQueue::submitDeviceToDevice(cuda::CUdeviceptr destination, cuda::CUdeviceptr source, size_t bytes,
+                                     uint64_t cookie, std::string* why) {
+  if (cuda_.cuMemcpyDtoDAsync == nullptr) {
+    *why = "the CUDA driver lacks cuMemcpyDtoDAsync";
+    return false;
+  }
+  return enqueue("device-to-device", bytes, cookie, why,
+                 [&] { return cuda_.cuMemcpyDtoDAsync(destination, source, bytes, stream_); });
+}
+
+bool CopyQueue::enqueue(const char* what, size_t bytes, uint64_t cookie, std::string* why,
+                        const std::function<cuda::CUresult()>& copy) {
   ContextScope scope(cuda_, context_);
   const size_t slot = static_cast<size_t>((head_ + inFlight_) % static_cast<int>(events_.size()));
-  CUresult result = scope.ok() ? CUDA_SUCCESS : cuda::CUDA_ERROR_INVALID_CONTEXT;
-  if (result == CUDA_SUCCESS) {
-    result = direction == Direction::kDeviceToHost ? cuda_.cuMemcpyDtoHAsync(host, device, bytes, stream_)
-                                                   : cuda_.cuMemcpyHtoDAsync(device, host, bytes, stream_);
-  }
+  CUresult result = scope.ok() ? copy() : cuda::CUDA_ERROR_INVALID_CONTEXT;
   if (result == CUDA_SUCCESS) result = cuda_.cuEventRecord(events_[slot], stream_);
   if (result != CUDA_SUCCESS) {
-    *why = std::string(direction == Direction::kDeviceToHost ? "device-to-host" : "host-to-device") + " copy of " +
-           std::to_string(bytes) + " bytes: " + cuda_.errorText(result);
+    *why = std::string(what) + " copy of " + std::to_string(bytes) + " bytes: " + cuda_.errorText(result);
     return false;
   }
   cookies_[slot] = cookie;

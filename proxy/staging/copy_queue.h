@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -67,6 +68,12 @@ class CopyContext {
 // then share one copy engine; docs/performance.md §8). False when the driver lacks the cuMem API.
 bool isCuMemAllocation(const cuda::DriverApi& cuda, const void* pointer);
 
+// The context a comm's copies of `memory` (in `owner`'s GPU) run in: railnet's own on that GPU (CopyContext says
+// why) when `ownWanted` and it can read the memory, else nullptr, meaning the memory's own context, with the
+// hazard logged at INFO under `who` ("send comm"). Also logs when the memory is not a cuMem allocation.
+std::shared_ptr<CopyContext> chooseCopyContext(const cuda::DriverApi& cuda, const DeviceContext& owner, const void* memory,
+                                               bool ownWanted, const std::string& who);
+
 // Makes `context` current on this thread for the scope, then restores what was current.
 class ContextScope {
  public:
@@ -99,10 +106,17 @@ class CopyQueue {
   // *why on a CUDA error (the queue is then unusable: the comm fails).
   bool submit(Direction direction, void* host, cuda::CUdeviceptr device, size_t bytes, uint64_t cookie,
               std::string* why);
+  // A copy between GPU memories (the NVLink hop: from the comm's GPU into staging on the rail's GPU, which grants
+  // this context's GPU access). Same contract as submit().
+  bool submitDeviceToDevice(cuda::CUdeviceptr destination, cuda::CUdeviceptr source, size_t bytes, uint64_t cookie,
+                            std::string* why);
   // Finished copies, oldest first, into *done (appended); false with *why on a CUDA error.
   bool poll(std::vector<uint64_t>* done, std::string* why);
 
  private:
+  bool enqueue(const char* what, size_t bytes, uint64_t cookie, std::string* why,
+               const std::function<cuda::CUresult()>& copy);
+
   const cuda::DriverApi& cuda_;
   cuda::CUcontext context_;
   cuda::CUstream stream_ = nullptr;

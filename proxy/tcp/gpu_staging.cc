@@ -69,28 +69,8 @@ void CommStaging::prepare(void* gpuMemory) {
   slots_ = stagingSlots();
   const int node = staging::numaNodeOfPci(context->pciBusId());
   auto memory = std::make_unique<staging::PinnedMemory>(cuda, pieceBytes_ * static_cast<uint64_t>(slots_), node);
-  // Copies run in railnet's own context on this GPU (copy_queue.h, CopyContext says why), unless it cannot read
-  // the comm's memory; then in the memory's context, with the hazard named in the log.
-  std::string why;
-  std::shared_ptr<staging::CopyContext> copyContext;
-  if (settings().tcpOwnCopyContext != 0) {
-    copyContext = staging::CopyContext::forDevice(cuda, context->device(), &why);
-  } else {
-    why = "RAILNET_TCP_OWN_COPY_CONTEXT=0";
-  }
-  if (copyContext != nullptr && !copyContext->canRead(gpuMemory)) {
-    why = "it cannot read this memory (not a cuMem allocation)";
-    copyContext.reset();
-  }
-  if (copyContext == nullptr) {
-    RN_INFO(NCCL_NET, "NET/railnet: %s comm copies in the application's context (%s): a copy may queue behind an "
-            "NCCL kernel that waits for it when the process has many CUDA streams", role_.c_str(), why.c_str());
-  } else if (!staging::isCuMemAllocation(cuda, gpuMemory)) {
-    // Still railnet's context: a hang is worse than half the bandwidth (copy_queue.h says why on both counts).
-    RN_INFO(NCCL_NET, "NET/railnet: %s comm: GPU memory %p is not a cuMem allocation (NCCL_CUMEM_ENABLE=0, or "
-            "cudaMalloc'd and registered): its copies from railnet's copy context take a slower path", role_.c_str(),
-            gpuMemory);
-  }
+  std::shared_ptr<staging::CopyContext> copyContext =
+      staging::chooseCopyContext(cuda, *context, gpuMemory, settings().tcpOwnCopyContext != 0, role_ + " comm");
   auto copies = std::make_unique<staging::CopyQueue>(cuda, copyContext != nullptr ? copyContext->context()
                                                                                   : context->context(), slots_);
   RN_INFO(NCCL_NET, "NET/railnet: %s comm stages GPU %d memory through %d x %lu KiB pinned on NUMA node %d",

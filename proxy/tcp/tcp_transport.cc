@@ -103,7 +103,7 @@ class TcpTransport final : public Transport {
 
   bool stagesGpuMemoryInHost() const noexcept override { return (devices_.front().ptrSupport & NCCL_PTR_CUDA) != 0; }
 
-  void place(int dev, const std::string& pciPath, int16_t railId) override {
+  void place(int dev, const std::string& pciPath, int16_t railId, const std::string&) override {
     std::lock_guard<std::mutex> lock(mutex_);
     DeviceInfo& info = devices_[checked(dev)];
     info.pciPath = pciPath;

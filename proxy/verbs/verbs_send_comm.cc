@@ -16,10 +16,16 @@ constexpr uint64_t kStripeAlign = 128;
 }  // namespace
 
 VerbsSendComm::VerbsSendComm(std::vector<std::shared_ptr<VerbsDevice>> nics, int peerNics, protocol::Fd control,
-                             const protocol::SocketAddress& peer, const QpOptions& options, uint64_t minStripeBytes)
+                             const protocol::SocketAddress& peer, const QpOptions& options, uint64_t minStripeBytes,
+                             const std::optional<HopPlan>& hop)
     : connection_(std::move(nics), peerNics, std::move(control), peer, "send", options),
       requests_(kSendRequests, [this](VerbsSendRequest& request) { request.setOwner(this); }),
       minStripeBytes_(minStripeBytes) {
+  if (hop) {
+    hop_ = std::make_unique<NvlinkHop>(connection_, hop->mode, hop->railGpuBusId);
+    hopPipeline_ = std::make_unique<staging::PiecePipeline<HopMessage>>(hop_->slots(), hop_->pieceBytes());
+    hopSlots_.resize(static_cast<size_t>(hop_->slots()));
+  }
   eagerHeaders_.resize(kSendRequests);
   for (int i = static_cast<int>(kSendRequests) - 1; i >= 0; --i) freeEagerSlots_.push_back(i);
   eagerRegion_ = connection_.registerMemory(eagerHeaders_.data(), eagerHeaders_.size() * sizeof(protocol::ChunkHeader),
@@ -94,6 +100,8 @@ void VerbsSendComm::pollCompletions() {
         }
         groupRequests_[static_cast<size_t>(slot)].clear();
         freeGroupNotices_.push_back(slot);
+      } else if ((completion.wr_id & kHopWrTag) != 0) {
+        onHopNotice(static_cast<int>(completion.wr_id & ~kHopWrTag));
       } else if (completion.wr_id != 0) {
         auto* request = reinterpret_cast<VerbsSendRequest*>(completion.wr_id);
         ++request->completedStripes_;
@@ -142,12 +150,12 @@ bool VerbsSendComm::postEager(VerbsSendRequest* request, int path, const char* d
   return true;
 }
 
-bool VerbsSendComm::postStripes(VerbsSendRequest* request, int path, const char* data, const LinkRegion* region,
-                                uint64_t size, uint64_t offset, uint64_t length,
-                                const protocol::ClearToSendQueue::Destination& destination) {
+bool VerbsSendComm::postStripes(VerbsSendRequest* request, int path, uint64_t localBase, uint32_t lkey, uint64_t size,
+                                uint64_t offset, uint64_t length,
+                                const protocol::ClearToSendQueue::Destination& destination, uint64_t wrId,
+                                int* posted) {
   QueuePairs& qps = connection_.qps(path);
   const int qpCount = qps.count();
-  const uint32_t lkey = region != nullptr ? region->nic(connection_.nicOf(path)).lkey() : 0;
   uint64_t perQp = (length + static_cast<uint64_t>(qpCount) - 1) / static_cast<uint64_t>(qpCount);
   uint64_t stripe = std::max(kMinStripe, (perQp + kStripeAlign - 1) / kStripeAlign * kStripeAlign);
   int stripes = length == 0 ? 1 : static_cast<int>((length + stripe - 1) / stripe);
@@ -167,12 +175,12 @@ bool VerbsSendComm::postStripes(VerbsSendRequest* request, int path, const char*
     header.length = bytes;
     ibv_sge headerSge{reinterpret_cast<uint64_t>(&header), sizeof(header), 0};
     ibv_send_wr notice{};
-    notice.wr_id = reinterpret_cast<uint64_t>(request);
+    notice.wr_id = wrId != 0 ? wrId : reinterpret_cast<uint64_t>(request);
     notice.sg_list = &headerSge;
     notice.num_sge = 1;
     notice.opcode = IBV_WR_SEND;
     notice.send_flags = IBV_SEND_SIGNALED | IBV_SEND_INLINE;
-    ibv_sge dataSge{reinterpret_cast<uint64_t>(data + at), static_cast<uint32_t>(bytes), lkey};
+    ibv_sge dataSge{localBase + at, static_cast<uint32_t>(bytes), lkey};
     ibv_send_wr write{};
     write.sg_list = &dataSge;
     write.num_sge = 1;
@@ -184,11 +192,13 @@ bool VerbsSendComm::postStripes(VerbsSendRequest* request, int path, const char*
     if (int rc = ibv_post_send(qp, bytes > 0 ? &write : &notice, &bad); rc != 0) {
       // Stripes not posted will never complete: the failure recorded here fails the request in test().
       request->pendingStripes_ -= stripes - k;
+      if (posted != nullptr) *posted = k;
       connection_.control().recordFailure("ibv_post_send on QP " + std::to_string(qp->qp_num) + " failed: " + errnoText(rc),
                                           protocol::FailureKind::kLocal);
       return false;
     }
   }
+  if (posted != nullptr) *posted = stripes;
   return true;
 }
 
@@ -255,7 +265,9 @@ bool VerbsSendComm::postMessage(VerbsSendRequest* request, const char* data, con
     return postEager(request, stripes[0].nic, data, region, size, destination);
   }
   for (int i = 0; i < count; ++i) {
-    if (!postStripes(request, stripes[i].nic, data, region, size, stripes[i].offset, stripes[i].bytes, destination)) {
+    const uint32_t lkey = region != nullptr ? region->nic(connection_.nicOf(stripes[i].nic)).lkey() : 0;
+    if (!postStripes(request, stripes[i].nic, reinterpret_cast<uint64_t>(data), lkey, size, stripes[i].offset,
+                     stripes[i].bytes, destination)) {
       return false;
     }
   }
@@ -283,6 +295,7 @@ ncclResult_t VerbsSendComm::isend(void* data, size_t size, int tag, MemoryRegion
   if (control.failed() || !connection_.ready()) return control.failed() ? control.reportFailure() : ncclSuccess;
   pollCompletions();
   if (held_.due()) flushHeld();
+  if (hop_ != nullptr && !pumpHop()) return control.reportFailure();
   std::optional<protocol::ClearToSendQueue::Destination> found = posted_.claim(tag);
   if (!found) {
     // Clear-to-sends come by RDMA; the control socket only says whether the receiver is still there.
@@ -298,8 +311,10 @@ ncclResult_t VerbsSendComm::isend(void* data, size_t size, int tag, MemoryRegion
             tag, control.peerName().c_str(), static_cast<unsigned long>(found->capacity));
     return ncclInvalidUsage;
   }
+  // A hopped message is copied into the hop's staging, which is registered; its own region is not (GPU memory).
+  const bool hopped = size > 0 && hop_ != nullptr && hop_->carries(mr);
   auto* region = dynamic_cast<LinkRegion*>(mr);
-  if (region == nullptr && size > 0) {
+  if (region == nullptr && size > 0 && !hopped) {
     RN_WARN("NET/railnet: isend of %zu bytes to %s without a verbs memory registration", size,
             control.peerName().c_str());
     return ncclInvalidUsage;
@@ -309,7 +324,7 @@ ncclResult_t VerbsSendComm::isend(void* data, size_t size, int tag, MemoryRegion
     RN_WARN("NET/railnet: more than %zu sends in flight to %s", kSendRequests, control.peerName().c_str());
     return ncclInternalError;
   }
-  if (region != nullptr && region->nics() != connection_.nics()) {
+  if (!hopped && region != nullptr && region->nics() != connection_.nics()) {
     RN_WARN("NET/railnet: isend to %s with a memory registration of another comm", control.peerName().c_str());
     requests_.release(sendRequest);
     return ncclInvalidUsage;
@@ -317,12 +332,19 @@ ncclResult_t VerbsSendComm::isend(void* data, size_t size, int tag, MemoryRegion
   sendRequest->size_ = size;
   sendRequest->pendingStripes_ = 0;
   sendRequest->completedStripes_ = 0;
+  sendRequest->hopPieces_ = 0;
+  sendRequest->hopped_ = hopped;
   sendRequest->serial_ = ++sends_;
   sendRequest->watch_.start();
   for (uint64_t& bytes : sendRequest->pathBytes_) bytes = 0;
   const char* bytes = static_cast<const char*>(data);
-  const bool held = held_.holds(*found, size <= kGroupMemberBytes);
+  const bool held = !hopped && held_.holds(*found, size <= kGroupMemberBytes);
   if (held_.mustFlushBefore(held, found->recvId)) flushHeld();  // keeps the order sends were accepted in
+  if (hopped) {
+    addHopMessage(sendRequest, bytes, size, *found);
+    *request = sendRequest;
+    return pumpHop() ? ncclSuccess : control.reportFailure();
+  }
   if (held) {
     // Done when the group's notice has gone out: with its group, or alone once RAILNET_GROUP_WAIT_US has passed.
     sendRequest->pendingStripes_ = 1;
@@ -350,10 +372,13 @@ ncclResult_t VerbsSendComm::testRequest(VerbsSendRequest* request, int* done, in
   std::lock_guard<std::mutex> lock(mutex_);
   pollCompletions();
   if (held_.due()) flushHeld();
-  if (request->pendingStripes_ == 0) {
+  if (hop_ != nullptr) pumpHop();  // a failure is recorded and reported below
+  if (!request->workLeft()) {
     *done = 1;
     for (int path = 0; path < connection_.paths(); ++path) {
-      if (request->pathBytes_[path] != 0) connection_.counters(path).addSent(request->pathBytes_[path]);
+      if (request->pathBytes_[path] == 0) continue;
+      connection_.counters(path).addSent(request->pathBytes_[path]);
+      if (request->hopped_) connection_.counters(path).addHopped(request->pathBytes_[path]);
     }
     if (sizes != nullptr) *sizes = static_cast<int>(request->size_);
     if (request->watch_.reported()) {
@@ -373,7 +398,7 @@ void VerbsSendComm::watch(progress::WatchClock::time_point now, std::chrono::mil
   if (!lock.owns_lock()) return;  // the data path is here: look next round
   const std::string peer = connection_.control().peerName();
   requests_.forEachInFlight([&](VerbsSendRequest& request) {
-    if (request.pendingStripes_ == 0) return;  // done, not yet collected by test
+    if (!request.workLeft()) return;  // done, not yet collected by test
     progress::lookAt(request.watch_, request.completedStripes_, now, limit,
                      [&] { return "send #" + std::to_string(request.serial_) + " to " + peer; },
                      [&] {

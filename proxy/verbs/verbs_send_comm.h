@@ -6,13 +6,16 @@
 
 #include <chrono>
 #include <mutex>
+#include <optional>
 #include <vector>
 
 #include "proxy/protocol/clear_to_send.h"
 #include "proxy/protocol/held_group.h"
 #include "proxy/protocol/request_pool.h"
 #include "proxy/progress/watchdog.h"
+#include "proxy/staging/piece_pipeline.h"
 #include "proxy/verbs/notice.h"
+#include "proxy/verbs/nvlink_hop.h"
 #include "proxy/verbs/verbs_connection.h"
 #include "railnet/settings.h"
 
@@ -29,22 +32,36 @@ class VerbsSendRequest final : public protocol::CommRequest<VerbsSendComm, Verbs
   progress::ProgressMark watch_;   // guarded
   uint64_t size_ = 0;
   int eagerSlot_ = -1;  // the header slot a small message's SEND reads from, until it completes
+  uint64_t hopPieces_ = 0;  // guarded: NVLink hop pieces not yet posted (their stripes are not yet counted)
   uint64_t pathBytes_[kMaxPaths] = {};  // payload per path, counted on its NIC when the request completes
+  bool hopped_ = false;
+  // Done once every stripe is posted and completed.
+  bool workLeft() const { return pendingStripes_ != 0 || hopPieces_ != 0; }
+};
+
+// How a routed connection's send comm uses the NVLink hop (verbs_transport.cc decides; nvlink_hop.h).
+struct HopPlan {
+  NvlinkHop::Mode mode = NvlinkHop::Mode::kGpu;
+  std::string railGpuBusId;  // kGpu: the routed port's GPU
 };
 
 class VerbsSendComm final : public SendComm, private progress::Watched {
  public:
   // nics: the device's NICs (one unless fused); peerNics: the receiver's (PeerInfo::nicCount);
   // minStripeBytes: the fusion scheduler's threshold (RAILNET_FUSION_MIN_STRIPE_BYTES).
+  // hop: set for a routed connection that sends through the NVLink hop.
   VerbsSendComm(std::vector<std::shared_ptr<VerbsDevice>> nics, int peerNics, protocol::Fd control,
-                const protocol::SocketAddress& peer, const QpOptions& options, uint64_t minStripeBytes);
+                const protocol::SocketAddress& peer, const QpOptions& options, uint64_t minStripeBytes,
+                const std::optional<HopPlan>& hop = std::nullopt);
   ~VerbsSendComm() override;
 
   ncclResult_t isend(void* data, size_t size, int tag, MemoryRegion* mr, Request** request) noexcept override;
 
  private:
   friend class protocol::CommRequest<VerbsSendComm, VerbsSendRequest>;
-  MemoryRegistrar& registrar() noexcept override { return connection_; }
+  MemoryRegistrar& registrar() noexcept override {
+    return hop_ != nullptr ? static_cast<MemoryRegistrar&>(*hop_) : connection_;
+  }
   ncclResult_t testRequest(VerbsSendRequest* request, int* done, int* sizes) noexcept;
   // The watchdog's look (proxy/progress/watchdog.h): a send with no completion for the limit gets one WARN.
   void watch(progress::WatchClock::time_point now, std::chrono::milliseconds limit) noexcept override;
@@ -55,8 +72,11 @@ class VerbsSendComm final : public SendComm, private progress::Watched {
   void pollCompletions();
   // Bytes [offset, offset + length) of a message of `size` on one path: RDMA WRITEs spread over the path's
   // QPs, each followed by its notice SEND.
-  bool postStripes(VerbsSendRequest* request, int path, const char* data, const LinkRegion* region, uint64_t size,
-                   uint64_t offset, uint64_t length, const protocol::ClearToSendQueue::Destination& destination);
+  // Reads byte `at` of the message from localBase + at with `lkey`; the notices carry `wrId` (0: the request).
+  // *posted (when given) counts the stripes posted, which complete even after a failed post.
+  bool postStripes(VerbsSendRequest* request, int path, uint64_t localBase, uint32_t lkey, uint64_t size,
+                   uint64_t offset, uint64_t length, const protocol::ClearToSendQueue::Destination& destination,
+                   uint64_t wrId = 0, int* posted = nullptr);
   // One message on its own: eager SEND when small and a header slot is free, else striped WRITEs with notices,
   // over the paths the fusion scheduler picks. False once a post failed (recorded on the connection).
   bool postMessage(VerbsSendRequest* request, const char* data, const LinkRegion* region, uint64_t size,
@@ -82,6 +102,26 @@ class VerbsSendComm final : public SendComm, private progress::Watched {
   std::vector<std::vector<VerbsSendRequest*>> groupRequests_;       // guarded: per notice slot, its members
   protocol::HeldGroup<HeldMember> held_{std::chrono::microseconds(settings().groupWaitUs)};  // guarded
 
+  // ---- the NVLink hop (verbs_send_hop.cc); caller holds mutex_ ----
+  struct HopMessage {
+    VerbsSendRequest* request = nullptr;
+    uint64_t source = 0;  // the message's first byte (GPU memory; host memory in the test mode)
+    uint64_t size = 0;
+    protocol::ClearToSendQueue::Destination destination{};
+  };
+  using HopPiece = staging::PiecePipeline<HopMessage>::Piece;
+  struct HopSlot {
+    HopPiece piece;
+    int pendingStripes = 0;  // the piece's notices not yet completed; the slot frees at 0
+  };
+  static constexpr uint64_t kHopWrTag = uint64_t{1} << 62;  // in wr_id: a hop slot's notice
+  void addHopMessage(VerbsSendRequest* request, const char* data, uint64_t size,
+                     const protocol::ClearToSendQueue::Destination& destination);
+  // Copies finished pieces' slots out, then starts copies into free slots. False once a step failed (recorded).
+  bool pumpHop();
+  void sendHopPiece(int slot);
+  void onHopNotice(int slot);
+
   // A message of at most kEagerBytes as one SEND: header from a registered slot, payload from the user buffer.
   bool postEager(VerbsSendRequest* request, int path, const char* data, const LinkRegion* region, uint64_t size,
                  const protocol::ClearToSendQueue::Destination& destination);
@@ -98,6 +138,10 @@ class VerbsSendComm final : public SendComm, private progress::Watched {
   std::unique_ptr<LinkRegion> ctsRegion_;
   std::unique_ptr<LinkRegion> eagerRegion_;
   VerbsConnection connection_;
+  // After connection_: the hop registers its staging with the connection's NIC, and lets go of it first.
+  std::unique_ptr<NvlinkHop> hop_;                                   // null: this comm does not hop
+  std::unique_ptr<staging::PiecePipeline<HopMessage>> hopPipeline_;  // guarded by mutex_
+  std::vector<HopSlot> hopSlots_;                                    // guarded by mutex_
   protocol::ClearToSendQueue posted_;                      // guarded by mutex_
   protocol::RequestPool<VerbsSendRequest> requests_;       // guarded by mutex_
   uint64_t minStripeBytes_;

@@ -7,9 +7,11 @@
 #include <cstring>
 #include <deque>
 #include <mutex>
+#include <optional>
 
 #include "proxy/nic_counters.h"
 #include "proxy/protocol/handshake.h"
+#include "proxy/staging/nvlink_staging.h"
 #include "proxy/verbs/verbs_recv_comm.h"
 #include "proxy/verbs/verbs_send_comm.h"
 #include "railnet/error.h"
@@ -59,6 +61,7 @@ class VerbsTransport final : public Transport {
     connectOptions_.strayTimeout = std::chrono::milliseconds(config.strayTimeoutMs);
     minStripeBytes_ = static_cast<uint64_t>(config.fusionMinStripeBytes);
     devices_.resize(ports_.size());
+    railGpus_.resize(ports_.size());
   }
 
   const char* name() const noexcept override { return "verbs"; }
@@ -71,12 +74,13 @@ class VerbsTransport final : public Transport {
     std::lock_guard<std::mutex> lock(mutex_);
     return index < ports_.size() ? ports_[index].info : fused_[index - ports_.size()];
   }
-  void place(int dev, const std::string& pciPath, int16_t railId) override {
+  void place(int dev, const std::string& pciPath, int16_t railId, const std::string& railGpu) override {
     size_t index = checked(dev);
     std::lock_guard<std::mutex> lock(mutex_);
     DeviceInfo& info = ports_.at(index).info;
     info.pciPath = pciPath;
     info.railId = railId;
+    railGpus_.at(index) = railGpu;
   }
 
   // A fused device's connections spread over QPs on each child port (verbs_connection.h); its control socket meets
@@ -117,7 +121,9 @@ class VerbsTransport final : public Transport {
 
   void connect(int dev, void* handle, std::unique_ptr<SendComm>* comm) override {
     auto* peer = static_cast<protocol::Handle*>(handle);
-    protocol::connectStep(peer, optionsFor(nicsOf(routeFor(dev, *peer))), comm);
+    std::optional<HopPlan> hop;
+    const int routed = routeFor(dev, *peer, &hop);
+    protocol::connectStep(peer, optionsFor(nicsOf(routed), hop), comm);
   }
 
  private:
@@ -130,23 +136,45 @@ class VerbsTransport final : public Transport {
 
   // PXN-style routing (topo/route.h, RAILNET_FORWARD), as on TCP: a connection from a port to a peer NIC on
   // another rail leaves from this host's port on that rail, so its QPs stay on one rail's leaf. Physical ports of
-  // the same link layer on both ends (a fused peer's paths are matched NIC by NIC). Not from or to a port that takes
-  // GPU memory: NCCL chose GPUDirect by the GPU's distance to `dev`, and a routed port would read the GPU across the
-  // PCIe fabric; the NVLink hop that avoids it is not built (decisions D83).
-  int routeFor(int dev, const protocol::Handle& peer) const {
-    if (settings().forward == 0 || peer.addressCount > 1 || peer.nicCount > 1) return dev;
+  // the same link layer on both ends (a fused peer's paths are matched NIC by NIC). A port that takes GPU memory
+  // routes only to another such port whose GPU this thread's GPU can copy into, and then sends its GPU bytes
+  // through the NVLink hop (*hop set; nvlink_hop.h, RAILNET_IB_NVLINK_HOP): NCCL chose GPUDirect by the GPU's
+  // distance to `dev`, and the routed port must not read that GPU across the PCIe fabric (decisions D83, D85).
+  int routeFor(int dev, const protocol::Handle& peer, std::optional<HopPlan>* hop) const {
+    const Settings& config = settings();
+    if (config.forward == 0 || peer.addressCount > 1 || peer.nicCount > 1) return dev;
     const size_t index = checked(dev);
     std::lock_guard<std::mutex> lock(mutex_);
     if (index >= ports_.size()) return dev;
-    auto hostOnly = [&](size_t port) { return (ports_[port].info.ptrSupport & ~NCCL_PTR_HOST) == 0; };
-    if (!hostOnly(index)) return dev;
+    auto takesGpu = [&](size_t port) { return (ports_[port].info.ptrSupport & ~NCCL_PTR_HOST) != 0; };
+    const bool localGpu = takesGpu(index);
+    if (localGpu && config.ibNvlinkHop == 0) return dev;
     std::vector<int16_t> rails;
     for (const VerbsPort& port : ports_) rails.push_back(port.info.railId);
+    std::string hopWhy;
+    RouteWay way = RouteWay::kNone;
     const int routed = topo::routeDevice(rails, dev, peer.railId, [&](int candidate) {
       const size_t other = static_cast<size_t>(candidate);
-      return ports_[other].linkLayer == ports_[index].linkLayer && hostOnly(other);
+      if (ports_[other].linkLayer != ports_[index].linkLayer) return false;
+      // Asked only of a GPUDirect candidate for a GPUDirect port: the CUDA probe runs once per such connection.
+      const bool reachable = localGpu && takesGpu(other) && staging::peerCopyPossible(railGpus_[other], &hopWhy);
+      way = routeWay(static_cast<int>(config.ibNvlinkHop), localGpu, takesGpu(other), reachable);
+      return way != RouteWay::kNone;
     });
-    if (routed != dev && peer.connectToken == 0) {  // the first call of this connection's connects
+    const bool first = peer.connectToken == 0;  // the first call of this connection's connects
+    if (routed == dev) {
+      if (localGpu && first && !hopWhy.empty()) {
+        RN_INFO(NCCL_NET, "NET/railnet: connection from %s (rail %d) to a NIC on rail %d stays on %s: no NVLink hop "
+                "(%s)", ports_[index].info.name.c_str(), ports_[index].info.railId, peer.railId,
+                ports_[index].info.name.c_str(), hopWhy.c_str());
+      }
+      return dev;
+    }
+    if (way == RouteWay::kHop) {
+      *hop = HopPlan{localGpu ? NvlinkHop::Mode::kGpu : NvlinkHop::Mode::kHostTest,
+                     railGpus_[static_cast<size_t>(routed)]};
+    }
+    if (first) {
       const DeviceInfo& to = ports_[static_cast<size_t>(routed)].info;
       noteRoutedConnection(ports_[index].info.name, ports_[index].info.railId, peer.railId, to.name, to.railId);
     }
@@ -180,7 +208,7 @@ class VerbsTransport final : public Transport {
     return devices;
   }
 
-  protocol::ConnectOptions optionsFor(const std::vector<size_t>& nics) {
+  protocol::ConnectOptions optionsFor(const std::vector<size_t>& nics, const std::optional<HopPlan>& hop = std::nullopt) {
     protocol::ConnectOptions options = connectOptions_;
     {
       std::lock_guard<std::mutex> lock(mutex_);
@@ -189,10 +217,10 @@ class VerbsTransport final : public Transport {
     options.nicCount = static_cast<uint16_t>(nics.size());
     QpOptions qp = qpOptions_;
     uint64_t minStripe = minStripeBytes_;
-    options.makeSendComm = [this, nics, qp, minStripe](protocol::Fd control, std::vector<protocol::Fd>,
-                                                                 const protocol::PeerInfo& peer) {
+    options.makeSendComm = [this, nics, qp, minStripe, hop](protocol::Fd control, std::vector<protocol::Fd>,
+                                                             const protocol::PeerInfo& peer) {
       return std::unique_ptr<SendComm>(
-          new VerbsSendComm(openPorts(nics), peer.nicCount, std::move(control), peer.peer, qp, minStripe));
+          new VerbsSendComm(openPorts(nics), peer.nicCount, std::move(control), peer.peer, qp, minStripe, hop));
     };
     options.makeRecvComm = [this, nics, qp](protocol::Fd control, std::vector<protocol::Fd>,
                                                       const protocol::PeerInfo& peer) {
@@ -210,6 +238,7 @@ class VerbsTransport final : public Transport {
   uint64_t minStripeBytes_ = 0;
   mutable std::mutex mutex_;
   std::vector<std::weak_ptr<VerbsDevice>> devices_;  // guarded by mutex_
+  std::vector<std::string> railGpus_;                // guarded by mutex_ (place): each port's rail GPU bus id
 };
 
 }  // namespace

@@ -106,12 +106,12 @@ int fuse(const FusionLoad& load, int version, const std::vector<int>& devs) {
 // One NIC's counters as logged at the last close ("NET/railnet: NIC <nic> rail <r>: sent X B, received Y B,
 // N connection(s), M cross-rail, K routed here from another rail's device").
 struct NicLine {
-  unsigned long long sent = 0, received = 0, connections = 0, crossRail = 0, routed = 0;
+  unsigned long long sent = 0, received = 0, connections = 0, crossRail = 0, routed = 0, hopped = 0;
 };
 
 // Whether a connection from one rail's device to a NIC on another rail is routed to this host's NIC on that rail
-// (RAILNET_FORWARD; docs/design.md "Routes"). Verbs ports that take GPU memory are not routed (decisions D83); the
-// soft-RoCE guest's take host memory only.
+// (RAILNET_FORWARD; docs/design.md "Routes"). Verbs ports that take GPU memory route only through the NVLink hop,
+// which needs GPUs (decisions D85); the soft-RoCE guest's ports take host memory only.
 bool routesAcrossRails(NetApi& net, int dev) {
   const char* forward = std::getenv("RAILNET_FORWARD");
   if (forward != nullptr && std::strcmp(forward, "0") == 0) return false;
@@ -136,6 +136,11 @@ std::map<std::string, NicLine> nicLinesSince(uint64_t mark) {
                     &rail, &line.sent, &line.received, &line.connections, &line.crossRail, &line.routed) != 6) {
       fail(__FILE__, __LINE__, "unparsable NIC counter line: " + record.text);
     }
+    // ", H B of them over an NVLink hop": only on a NIC that sent through the verbs hop.
+    if (const size_t comma = rest.find("routed here from another rail's device, "); comma != std::string::npos) {
+      std::sscanf(rest.c_str() + comma, "routed here from another rail's device, %llu B of them over an NVLink hop",
+                  &line.hopped);
+    }
     out[rest.substr(0, space)] = line;  // the latest line of each NIC wins
   }
   return out;
@@ -148,7 +153,7 @@ struct CounterDelta {
     NicLine a = after.count(nic) ? after.at(nic) : NicLine{};
     NicLine b = before.count(nic) ? before.at(nic) : NicLine{};
     return NicLine{a.sent - b.sent, a.received - b.received, a.connections - b.connections, a.crossRail - b.crossRail,
-                   a.routed - b.routed};
+                   a.routed - b.routed, a.hopped - b.hopped};
   }
 };
 
@@ -396,6 +401,52 @@ TEST_CASE("fusion", "nic_counters", Scope::PerVersionOwnLoad) {
           strf("an 8 MiB message: %s sent %llu, %s sent %llu", nic0.c_str(), split.of(nic0).sent, nic1.c_str(),
                split.of(nic1).sent));
   REQUIRE(split.of(nic0).received == large / 2 && split.of(nic1).received == large / 2, "received split differs");
+}
+
+TEST_CASE("fusion", "nvlink_hop_host_staging", Scope::PerVersionOwnLoad) {
+  // The verbs NVLink hop's path with host staging (RAILNET_IB_NVLINK_HOP=2, a test feature): a routed connection's
+  // messages are cut into 64 KiB pieces that take turns in two staging slots, leave from the slots, and land
+  // where they belong. Everything but the CUDA copy of the GPU hop runs here (docs/design.md, "Routes"). TCP has
+  // no hop: there the same traffic must count no hopped byte.
+  ScopedEnv hop("RAILNET_IB_NVLINK_HOP", "2");
+  ScopedEnv piece("RAILNET_IB_HOP_PIECE_BYTES", "65536");
+  ScopedEnv slots("RAILNET_IB_HOP_SLOTS", "2");
+  FusionLoad load(env);
+  NetApi& net = *load.net;
+  NetContext ctx(net, nextCommId());
+  const std::vector<int> rails = railDevices(net);
+  if (!routesAcrossRails(net, rails[0])) return;  // RAILNET_FORWARD=0: no route, so no hop (the nic_counters test)
+  const std::string nic1 = nameOf(net, rails[1]);
+  CounterDelta delta;
+  const uint64_t mark = logMark();
+  { CrossPair empty(net, rails[0], rails[1]); runTransfer(net, empty.conn, simplePlan({0}, 1, 98)); }
+  delta.before = nicLinesSince(mark);
+  const uint64_t mark2 = logMark();
+  uint64_t bytes = 0;
+  {
+    CrossPair pair(net, rails[0], rails[1]);
+    // Empty, one byte, piece edges, many pieces, and a random mix with 8 sends in flight.
+    Plan edges = simplePlan({0, 1, 4095, 64 * KiB, 64 * KiB + 1, 3 * MiB + 5}, 4, 99);
+    Plan mix = randomPlan(120, MiB, 8, 100);
+    // Grouped receives: a hopped member is never held for its group, it goes on its own through the slots.
+    Plan grouped = groupedPlan(20, [](int g, std::mt19937_64&) {
+      std::vector<int> tags;
+      for (int t = 0; t < 1 + g % 8; ++t) tags.push_back(t);
+      return tags;
+    }, [](int, std::mt19937_64& rng) { return 1 + static_cast<size_t>(rng() % (200 * KiB)); }, 101);
+    for (Plan* plan : {&edges, &mix, &grouped}) {
+      for (const SendSpec& send : plan->sends) bytes += send.size;
+      runTransfer(net, pair.conn, *plan);
+    }
+  }
+  delta.after = nicLinesSince(mark2);
+  const NicLine routed = delta.of(nic1);
+  REQUIRE(routed.sent == bytes && routed.received == bytes && routed.routed == 1 && routed.crossRail == 0,
+          strf("%s: sent %llu, received %llu of %llu, %llu routed, %llu cross-rail", nic1.c_str(), routed.sent,
+               routed.received, static_cast<unsigned long long>(bytes), routed.routed, routed.crossRail));
+  const unsigned long long expectHopped = verbsTransport() ? routed.sent : 0;
+  REQUIRE(routed.hopped == expectHopped, strf("%s counted %llu hopped bytes of %llu sent; expected %llu", nic1.c_str(),
+                                              routed.hopped, routed.sent, expectHopped));
 }
 
 }  // namespace conformance

@@ -3,6 +3,7 @@
 
 #include <vector>
 
+#include "proxy/verbs/nvlink_hop.h"
 #include "topo/route.h"
 
 using railnet::topo::routeDevice;
@@ -31,4 +32,20 @@ TEST_CASE("of several NICs on the peer's rail, the first eligible one is taken",
   const std::vector<int16_t> rails = {0, 1, 1};
   CHECK(routeDevice(rails, 0, 1, any) == 1);
   CHECK(routeDevice(rails, 0, 1, [](int dev) { return dev == 2; }) == 2);
+}
+
+TEST_CASE("verbs: how a port may route to a candidate on the peer's rail (the NVLink hop)", "[route]") {
+  using railnet::verbs::RouteWay;
+  using railnet::verbs::routeWay;
+  // Host-memory ports route directly among themselves; the test setting 2 sends through host staging.
+  CHECK(routeWay(1, false, false, false) == RouteWay::kDirect);
+  CHECK(routeWay(0, false, false, false) == RouteWay::kDirect);
+  CHECK(routeWay(2, false, false, false) == RouteWay::kHop);
+  CHECK(routeWay(1, false, true, true) == RouteWay::kNone);  // never from host memory to a GPUDirect port
+  // A GPUDirect port: only to a GPUDirect port whose GPU it can copy into, and only with the hop on.
+  CHECK(routeWay(1, true, true, true) == RouteWay::kHop);
+  CHECK(routeWay(2, true, true, true) == RouteWay::kHop);
+  CHECK(routeWay(0, true, true, true) == RouteWay::kNone);
+  CHECK(routeWay(1, true, true, false) == RouteWay::kNone);
+  CHECK(routeWay(1, true, false, true) == RouteWay::kNone);
 }

@@ -279,6 +279,18 @@ TEST_CASE("transport devices are matched to NICs by name or PCI path and take th
   CHECK(placement.devices[2].railId == -1);  // storage
   CHECK(placement.devices[3].railId == 7);   // by PCI path: mlx5_11, next to GPU7
   CHECK(placement.devices[3].nic >= 0);
+  // Each rail device names its rail's GPU (the NVLink hop stages there); storage has none.
+  auto busOfGpu = [&](int index) {
+    for (const auto& gpu : topology.gpus) {
+      if (gpu.index == index) return gpu.where.busId;
+    }
+    return std::string("none");
+  };
+  CHECK(placement.devices[0].railGpu == busOfGpu(1));
+  CHECK(placement.devices[1].railGpu == busOfGpu(0));
+  CHECK(placement.devices[2].railGpu.empty());
+  CHECK(placement.devices[3].railGpu == busOfGpu(7));
+  CHECK(!placement.devices[3].railGpu.empty());
   CHECK(placement.virtualNics.empty());
   CHECK(placement.ncclXml.empty());
 }
