@@ -167,6 +167,8 @@ bool loadDriverFrom(const char* library, DriverApi* api, std::string* why) {
   resolve.optional(&api->cuMemMap, "cuMemMap", 10020);
   resolve.optional(&api->cuMemUnmap, "cuMemUnmap", 10020);
   resolve.optional(&api->cuMemSetAccess, "cuMemSetAccess", 10020);
+  resolve.optional(&api->cuMemExportToShareableHandle, "cuMemExportToShareableHandle", 10020);
+  resolve.optional(&api->cuMemImportFromShareableHandle, "cuMemImportFromShareableHandle", 10020);
   resolve.optional(&api->cuDeviceGetByPCIBusId, "cuDeviceGetByPCIBusId", 4010);
   resolve.optional(&api->cuDeviceCanAccessPeer, "cuDeviceCanAccessPeer", 4000);
   resolve.optional(&api->cuMemcpyDtoDAsync, "cuMemcpyDtoDAsync", 3020);

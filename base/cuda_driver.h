@@ -88,6 +88,10 @@ struct CUmemAccessDesc {
   int flags;
 };
 
+// CUmemAllocationHandleType: a cuMem allocation shared with another process as a file descriptor (the NVLink
+// hop's staging when the rail GPU belongs to another process, proxy/staging/hop_exchange.h).
+constexpr int CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR = 0x1;
+
 // CUmemRangeHandleType and the cuMemGetHandleForAddressRange flags
 constexpr int CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD = 0x1;
 constexpr unsigned long long CU_MEM_RANGE_FLAG_DMA_BUF_MAPPING_TYPE_PCIE = 0x1;
@@ -152,6 +156,10 @@ struct DriverApi {
                        unsigned long long flags) = nullptr;
   CUresult (*cuMemUnmap)(CUdeviceptr pointer, size_t size) = nullptr;
   CUresult (*cuMemSetAccess)(CUdeviceptr pointer, size_t size, const CUmemAccessDesc* desc, size_t count) = nullptr;
+  CUresult (*cuMemExportToShareableHandle)(void* shareable, CUmemGenericAllocationHandle handle, int handleType,
+                                           unsigned long long flags) = nullptr;
+  CUresult (*cuMemImportFromShareableHandle)(CUmemGenericAllocationHandle* handle, void* osHandle,
+                                             int handleType) = nullptr;
   // Optional: the verbs transport's NVLink hop (proxy/staging/nvlink_staging.h) finds the rail's GPU by bus id,
   // checks peer access to it and copies into it; without them the hop is off and GPUDirect ports are not routed.
   CUresult (*cuDeviceGetByPCIBusId)(CUdevice* device, const char* busId) = nullptr;

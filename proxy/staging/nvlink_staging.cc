@@ -51,7 +51,14 @@ bool peerCopyPossible(const std::string& railGpuBusId, std::string* why) {
     return false;
   }
   const int rail = deviceByBusId(*cuda, railGpuBusId, why);
-  return rail >= 0 && canAccessPeer(*cuda, current, rail, why);
+  if (rail < 0) {
+    // Not visible here: another process of this host may serve staging on it.
+    std::string visible = *why;
+    if (hopExchangeServed(railGpuBusId)) return true;
+    *why = visible + ", and no railnet process of this host serves it";
+    return false;
+  }
+  return canAccessPeer(*cuda, current, rail, why);
 }
 
 NvlinkStaging::NvlinkStaging(const cuda::DriverApi& cuda, const void* source, const std::string& railGpuBusId,
@@ -60,13 +67,23 @@ NvlinkStaging::NvlinkStaging(const cuda::DriverApi& cuda, const void* source, co
   source_ = std::make_unique<DeviceContext>(cuda, source);
   std::string why;
   railDevice_ = deviceByBusId(cuda, railGpuBusId, &why);
-  if (railDevice_ < 0 || !canAccessPeer(cuda, source_->device(), railDevice_, &why)) {
-    fail(ncclSystemError, "NET/railnet: NVLink hop from GPU %d: %s", source_->device(), why.c_str());
-  }
-  memory_ = cuda::CuMemAllocation::create(cuda, railDevice_, bytes(), {source_->device()}, true, &why);
-  if (memory_ == nullptr) {
-    fail(ncclSystemError, "NET/railnet: NVLink hop staging of %zu bytes on GPU %d: %s", bytes(), railDevice_,
-         why.c_str());
+  if (railDevice_ < 0) {
+    imported_ = ImportedStaging::request(cuda, railGpuBusId, source_->device(), bytes(), &why);
+    if (imported_ == nullptr) {
+      fail(ncclSystemError, "NET/railnet: NVLink hop from GPU %d to GPU %s (another process's): %s",
+           source_->device(), railGpuBusId.c_str(), why.c_str());
+    }
+    address_ = imported_->address();
+  } else {
+    if (!canAccessPeer(cuda, source_->device(), railDevice_, &why)) {
+      fail(ncclSystemError, "NET/railnet: NVLink hop from GPU %d: %s", source_->device(), why.c_str());
+    }
+    local_ = cuda::CuMemAllocation::create(cuda, railDevice_, bytes(), {{source_->device()}, true, false}, &why);
+    if (local_ == nullptr) {
+      fail(ncclSystemError, "NET/railnet: NVLink hop staging of %zu bytes on GPU %d: %s", bytes(), railDevice_,
+           why.c_str());
+    }
+    address_ = local_->address();
   }
   copyContext_ = chooseCopyContext(cuda, *source_, source, settings().tcpOwnCopyContext != 0, "NVLink hop");
   copies_ = std::make_unique<CopyQueue>(cuda, copyContext_ != nullptr ? copyContext_->context() : source_->context(),
@@ -76,7 +93,8 @@ NvlinkStaging::NvlinkStaging(const cuda::DriverApi& cuda, const void* source, co
 NvlinkStaging::~NvlinkStaging() {
   copies_.reset();  // waits for the copies in flight, before the memory they write goes away
   copyContext_.reset();
-  memory_.reset();
+  local_.reset();
+  imported_.reset();
 }
 
 }  // namespace railnet::staging

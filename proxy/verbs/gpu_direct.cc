@@ -123,19 +123,4 @@ bool dmabufOffsetOfPage(uintptr_t data, uint64_t offset, uintptr_t pageBegin, ui
   return true;
 }
 
-int exportCudaDmabuf(const cuda::DriverApi& driver, uintptr_t begin, size_t length, std::string* why) {
-  if (driver.cuMemGetHandleForAddressRange == nullptr) {
-    if (why) *why = "libcuda lacks cuMemGetHandleForAddressRange";
-    return -1;
-  }
-  int fd = -1;
-  cuda::CUresult rc = driver.cuMemGetHandleForAddressRange(&fd, static_cast<cuda::CUdeviceptr>(begin), length,
-                                                           cuda::CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD, 0);
-  if (rc != cuda::CUDA_SUCCESS || fd < 0) {
-    if (why) *why = "cuMemGetHandleForAddressRange: " + driver.errorText(rc);
-    return -1;
-  }
-  return fd;
-}
-
 }  // namespace railnet::verbs

@@ -65,8 +65,5 @@ GdrInputs gatherGdrInputs(const IbvApi& api, ibv_context* context);
 // pageBegin, or false when the fd does not reach back that far (offset < data - pageBegin).
 bool dmabufOffsetOfPage(uintptr_t data, uint64_t offset, uintptr_t pageBegin, uint64_t* pageOffset);
 
-// Exports [begin, begin + length) of CUDA memory (page-aligned) as a DMA-BUF fd with
-// cuMemGetHandleForAddressRange. Returns the fd, or -1 with *why set.
-int exportCudaDmabuf(const cuda::DriverApi& driver, uintptr_t begin, size_t length, std::string* why);
 
 }  // namespace railnet::verbs

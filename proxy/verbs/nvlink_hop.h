@@ -7,6 +7,7 @@
 #pragma once
 
 #include <atomic>
+#include <map>
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -39,6 +40,18 @@ class HopSourceRegion final : public MemoryRegion {
   size_t size_;
 };
 
+// The hop's servers of this process (hop_exchange.h): one per GPU that this process's comms run on, so that railnet
+// in other processes of the host, which do not see that GPU, can stage on it. Started from listen and connect
+// (NCCL's proxy thread, its comm's GPU current) when a port takes GPU memory and RAILNET_IB_NVLINK_HOP=1.
+class HopServers {
+ public:
+  void serveCurrentGpu();
+
+ private:
+  std::mutex mutex_;
+  std::map<int, std::unique_ptr<staging::HopExchangeServer>> servers_;  // guarded, by CUDA device ordinal
+};
+
 class NvlinkHop final : public MemoryRegistrar {
  public:
   enum class Mode { kGpu, kHostTest };
@@ -47,7 +60,8 @@ class NvlinkHop final : public MemoryRegistrar {
   NvlinkHop(VerbsConnection& connection, Mode mode, std::string railGpuBusId);
   ~NvlinkHop() override;
 
-  // MemoryRegistrar (NCCL's service thread): GPU memory gives a HopSourceRegion, host memory goes to the NIC.
+  // MemoryRegistrar (NCCL's service thread): GPU memory gives a HopSourceRegion (or, when the staging cannot be
+  // made, a registration with the NIC as without the hop), host memory goes to the NIC.
   std::unique_ptr<MemoryRegion> regMr(void* data, size_t size, int type) override;
   std::unique_ptr<MemoryRegion> regMrDmaBuf(void* data, size_t size, int type, uint64_t offset, int fd) override;
 
@@ -65,7 +79,9 @@ class NvlinkHop final : public MemoryRegistrar {
   bool finished(std::vector<uint64_t>* slots, std::string* why);
 
  private:
-  void prepareGpu(void* source);
+  // Makes the staging on the first GPU registration. False when it cannot (WARNed once): the comm then registers
+  // GPU memory with the NIC directly, as without the hop.
+  bool prepareGpu(void* source);
 
   VerbsConnection& connection_;
   const Mode mode_;
@@ -74,6 +90,7 @@ class NvlinkHop final : public MemoryRegistrar {
   const uint64_t pieceBytes_;
   std::mutex mutex_;                 // regMr calls against each other
   std::atomic<bool> ready_{false};   // staging exists (GPU mode: after the first GPU regMr)
+  bool direct_ = false;              // guarded by mutex_: the staging failed, GPU memory goes to the NIC
   std::unique_ptr<staging::NvlinkStaging> gpu_;
   std::vector<char> host_;           // kHostTest staging
   std::vector<uint64_t> hostDone_;   // kHostTest: copies done, not yet reported

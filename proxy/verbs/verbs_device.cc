@@ -8,6 +8,7 @@
 
 #include <cerrno>
 
+#include "base/cuda_allocation.h"
 #include "base/cuda_driver.h"
 #include "proxy/nic_counters.h"
 #include "proxy/verbs/gpu_direct.h"
@@ -145,7 +146,7 @@ std::unique_ptr<MemoryRegion> VerbsDevice::registerMemory(void* data, size_t siz
     std::string why;
     if (port_.gdrDmabuf) {
       const cuda::DriverApi* driver = cuda::loadDriver(&why);
-      int fd = driver != nullptr ? exportCudaDmabuf(*driver, reinterpret_cast<uintptr_t>(start), length, &why) : -1;
+      int fd = driver != nullptr ? cuda::exportDmabuf(*driver, reinterpret_cast<uintptr_t>(start), length, &why) : -1;
       if (fd >= 0) {
         ibv_mr* mr = api_.regDmabufMr(pd_, 0, length, reinterpret_cast<uint64_t>(start), fd, kAccess);
         int err = errno;

@@ -114,6 +114,7 @@ class VerbsTransport final : public Transport {
   }
 
   std::unique_ptr<ListenComm> listen(int dev, void* handle) override {
+    serveHopStaging(dev);
     std::vector<size_t> nics = nicsOf(dev);
     return std::make_unique<protocol::HandshakeListener>(rendezvousAddress(ports_[nics[0]]), optionsFor(nics),
                                                 static_cast<protocol::Handle*>(handle));
@@ -121,6 +122,7 @@ class VerbsTransport final : public Transport {
 
   void connect(int dev, void* handle, std::unique_ptr<SendComm>* comm) override {
     auto* peer = static_cast<protocol::Handle*>(handle);
+    if (peer->connectToken == 0) serveHopStaging(dev);
     std::optional<HopPlan> hop;
     const int routed = routeFor(dev, *peer, &hop);
     protocol::connectStep(peer, optionsFor(nicsOf(routed), hop), comm);
@@ -181,6 +183,19 @@ class VerbsTransport final : public Transport {
     return routed;
   }
 
+  // Ranks of other processes that route to a port on this process's GPU's rail stage on that GPU (D85): serve
+  // it when this device takes GPU memory and the hop is on.
+  void serveHopStaging(int dev) {
+    if (settings().ibNvlinkHop != 1) return;
+    const size_t index = checked(dev);
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      const DeviceInfo& info = index < ports_.size() ? ports_[index].info : fused_[index - ports_.size()];
+      if ((info.ptrSupport & ~NCCL_PTR_HOST) == 0) return;
+    }
+    hopServers_.serveCurrentGpu();
+  }
+
   // The ports a device's connections use: itself, or a fused device's children.
   std::vector<size_t> nicsOf(int dev) const {
     size_t index = checked(dev);
@@ -239,6 +254,7 @@ class VerbsTransport final : public Transport {
   mutable std::mutex mutex_;
   std::vector<std::weak_ptr<VerbsDevice>> devices_;  // guarded by mutex_
   std::vector<std::string> railGpus_;                // guarded by mutex_ (place): each port's rail GPU bus id
+  HopServers hopServers_;
 };
 
 }  // namespace

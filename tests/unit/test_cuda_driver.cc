@@ -68,6 +68,7 @@ TEST_CASE("cuda_driver: declared constants match cuda.h when the header is insta
   CHECK(headerValue(header, "CU_MEMORYTYPE_ARRAY") == static_cast<long long>(CU_MEMORYTYPE_ARRAY));
   CHECK(headerValue(header, "CU_MEMORYTYPE_UNIFIED") == static_cast<long long>(CU_MEMORYTYPE_UNIFIED));
   CHECK(headerValue(header, "CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD") == CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD);
+  CHECK(headerValue(header, "CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR") == CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
   CHECK(headerValue(header, "CU_MEM_RANGE_FLAG_DMA_BUF_MAPPING_TYPE_PCIE") ==
         static_cast<long long>(CU_MEM_RANGE_FLAG_DMA_BUF_MAPPING_TYPE_PCIE));
   CHECK(headerValue(header, "CU_GET_PROC_ADDRESS_SUCCESS") == CU_GET_PROC_ADDRESS_SUCCESS);

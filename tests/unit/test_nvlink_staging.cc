@@ -3,6 +3,7 @@
 // needs a GPU, so CI on the CPU machine does not run it; the GPU machine runs it by its tag (docs/verbs.md).
 #include <catch2/catch.hpp>
 
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -81,8 +82,8 @@ TEST_CASE("NVLink hop staging: pieces copied into the rail GPU's slots arrive in
   // What the NIC registration does with the staging (VerbsDevice::registerMemory, DMA-BUF path).
   const railnet::verbs::CudaGdrFacts& facts = railnet::verbs::cudaGdrFacts();
   if (facts.memGetHandle && facts.gpuDmabuf) {
-    const int fd = railnet::verbs::exportCudaDmabuf(*api, reinterpret_cast<uintptr_t>(staging.base()), staging.bytes(),
-                                                    &why);
+    const int fd = railnet::cuda::exportDmabuf(*api, reinterpret_cast<uintptr_t>(staging.base()), staging.bytes(),
+                                               &why);
     INFO(why);
     CHECK(fd >= 0);
     if (fd >= 0) close(fd);
@@ -111,7 +112,7 @@ TEST_CASE("NVLink hop staging: rate through the slots next to one plain copy", "
   const int slots = 8;
   const size_t total = size_t{256} << 20;
   auto source = cuda::CuMemAllocation::create(*api, 0, total, &why);
-  auto target = cuda::CuMemAllocation::create(*api, rail, total, {0}, false, &why);
+  auto target = cuda::CuMemAllocation::create(*api, rail, total, {{0}, false, false}, &why);
   REQUIRE((source != nullptr && target != nullptr));
   NvlinkStaging staging(*api, reinterpret_cast<void*>(source->address()), busId, slots, piece);
   using Clock = std::chrono::steady_clock;
@@ -141,5 +142,97 @@ TEST_CASE("NVLink hop staging: rate through the slots next to one plain copy", "
     WARN("round " << round << ": GPU 0 -> GPU " << rail << " through " << slots << " x 1 MiB slots " << slotted
                   << " GB/s, one plain copy " << plain << " GB/s, ratio " << slotted / plain);
   }
+  api->cuDevicePrimaryCtxRelease(0);
+}
+
+TEST_CASE("NVLink hop staging from another process's GPU (each process sees one GPU)", "[.][nvlink-staging-ipc]") {
+  // Run alone and first (nothing may have initialized CUDA in this process): a child that sees only GPU 1 serves
+  // staging on it; this process, seeing only GPU 0, imports it, copies into it and reads it back. That is the
+  // hop of a job whose ranks each see their own GPU (hop_exchange.h).
+  char key[64];
+  snprintf(key, sizeof(key), "nvlink-staging-test-%d", static_cast<int>(getpid()));
+  setenv("NCCL_HOSTID", key, 1);  // a rendezvous of this test's own
+  int ready[2], done[2];
+  REQUIRE(pipe(ready) == 0);
+  REQUIRE(pipe(done) == 0);
+  const pid_t child = fork();
+  REQUIRE(child >= 0);
+  if (child == 0) {
+    close(ready[0]);
+    close(done[1]);  // or the read below never sees the parent's close
+    setenv("CUDA_VISIBLE_DEVICES", "1", 1);
+    std::string why;
+    const cuda::DriverApi* api = cuda::initDriver(&why);
+    char busId[32] = {};
+    int ok = api != nullptr && api->cuDeviceGetPCIBusId(busId, sizeof(busId), 0) == cuda::CUDA_SUCCESS;
+    std::unique_ptr<railnet::staging::HopExchangeServer> server;
+    if (ok) server = std::make_unique<railnet::staging::HopExchangeServer>(*api, 0, busId);
+    ok = ok && server->serving();
+    if (write(ready[1], busId, sizeof(busId)) != static_cast<ssize_t>(sizeof(busId)) || !ok) _exit(1);
+    char byte;
+    (void)read(done[0], &byte, 1);  // until the parent is finished with the staging
+    server.reset();
+    _exit(0);
+  }
+  close(ready[1]);
+  close(done[0]);
+  char busId[32] = {};
+  const bool childReady = read(ready[0], busId, sizeof(busId)) == static_cast<ssize_t>(sizeof(busId));
+  setenv("CUDA_VISIBLE_DEVICES", "0", 1);
+  std::string why;
+  const cuda::DriverApi* api = cuda::initDriver(&why);
+  REQUIRE(api != nullptr);
+  REQUIRE(childReady);
+  WARN("this process sees GPU 0 only; the child serves " << busId);
+  cuda::CUcontext primary = nullptr;
+  REQUIRE(api->cuDevicePrimaryCtxRetain(&primary, 0) == cuda::CUDA_SUCCESS);
+  REQUIRE(api->cuCtxSetCurrent(primary) == cuda::CUDA_SUCCESS);
+  CHECK(railnet::staging::peerCopyPossible(busId, &why));
+  INFO(why);
+  const uint64_t piece = 1 << 20;
+  const size_t messageBytes = 2 * piece + 123;
+  auto source = cuda::CuMemAllocation::create(*api, 0, messageBytes, &why);
+  REQUIRE(source != nullptr);
+  std::vector<unsigned char> pattern(messageBytes), landed(messageBytes, 0);
+  for (size_t i = 0; i < pattern.size(); ++i) pattern[i] = static_cast<unsigned char>(i * 7 + (i >> 16));
+  REQUIRE(api->cuMemcpyHtoD(source->address(), pattern.data(), pattern.size()) == cuda::CUDA_SUCCESS);
+  {
+    NvlinkStaging staging(*api, reinterpret_cast<void*>(source->address()), busId, 4, piece);
+    CHECK(staging.railDevice() == -1);  // another process's GPU
+    for (uint64_t offset = 0, slot = 0; offset < messageBytes; offset += piece, ++slot) {
+      const uint64_t bytes = std::min<uint64_t>(piece, messageBytes - offset);
+      REQUIRE(staging.copies().submitDeviceToDevice(staging.slot(static_cast<int>(slot)), source->address() + offset,
+                                                    bytes, slot, &why));
+    }
+    std::vector<uint64_t> finished;
+    const auto limit = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    while (finished.size() < 3 && std::chrono::steady_clock::now() < limit) {
+      REQUIRE(staging.copies().poll(&finished, &why));
+    }
+    REQUIRE(finished.size() == 3);
+    for (uint64_t offset = 0, slot = 0; offset < messageBytes; offset += piece, ++slot) {
+      const uint64_t bytes = std::min<uint64_t>(piece, messageBytes - offset);
+      REQUIRE(api->cuMemcpyDtoH(landed.data() + offset, staging.slot(static_cast<int>(slot)), bytes) == cuda::CUDA_SUCCESS);
+    }
+    CHECK(memcmp(landed.data(), pattern.data(), pattern.size()) == 0);
+    // This process cannot export memory of a GPU it does not see (CUDA_ERROR_UNKNOWN on H200s); the serving
+    // process exported it and handed the DMA-BUF over with the staging, for the NIC registration.
+    std::string refused;
+    const int own = railnet::cuda::exportDmabuf(*api, reinterpret_cast<uintptr_t>(staging.base()), staging.bytes(),
+                                                &refused);
+    WARN("this process's own DMA-BUF export of the imported staging: " << (own >= 0 ? "fd" : refused));
+    if (own >= 0) close(own);
+    INFO("the serving process: " << staging.importedDmabufWhy());
+    REQUIRE(staging.dmabufFd() >= 0);
+    char link[256] = {};
+    const std::string path = "/proc/self/fd/" + std::to_string(staging.dmabufFd());
+    REQUIRE(readlink(path.c_str(), link, sizeof(link) - 1) > 0);
+    WARN("the serving process's DMA-BUF: " << link);
+    CHECK(std::string(link).find("dmabuf") != std::string::npos);
+  }
+  close(done[1]);
+  int status = -1;
+  waitpid(child, &status, 0);
+  CHECK((WIFEXITED(status) && WEXITSTATUS(status) == 0));
   api->cuDevicePrimaryCtxRelease(0);
 }
