@@ -18,6 +18,7 @@ enum class TransportChoice { kAuto, kTcp, kVerbs };
 // RAILNET_IB_FLUSH: auto (flush receives into GPU memory), 0 (never), 1 (always, host memory too: lets the
 // conformance harness run the real READ on soft-RoCE).
 enum class FlushMode { kAuto, kNever, kAlways };
+enum class SendCompletion { kWritten, kDelivered };
 // The AF_* value itself, so call sites can pass static_cast<int>(family) to the socket API.
 enum class AddressFamily : int { kAny = AF_UNSPEC, kInet = AF_INET, kInet6 = AF_INET6 };
 
@@ -91,6 +92,11 @@ inline constexpr int64_t kSizeMax = INT64_MAX;
     "each; both ends of a connection must use the same value.")                                                 \
   X(Int, tcpStagingSlots, "RAILNET_TCP_STAGING_SLOTS", 8, (2, 256),                                              \
     "Pinned staging slots of one piece each, per comm that moves GPU memory (rounded down to a power of two).") \
+  X(Enum, sendCompletion, "RAILNET_SEND_COMPLETION", SendCompletion::kWritten,                                  \
+    (SendCompletion, {"written", SendCompletion::kWritten}, {"delivered", SendCompletion::kDelivered}),          \
+    "When a TCP send completes: written (its bytes are in the kernel's socket buffers) or delivered (the "      \
+    "receiver has them all: it sends a done frame per buffer, as rail failover needs; docs/failover.md). "      \
+    "The sending side decides; verbs sends always complete on delivery.")                                        \
   X(Int, tcpOwnCopyContext, "RAILNET_TCP_OWN_COPY_CONTEXT", 1, (0, 1),                                        \
     "1: staging copies run in a CUDA context of railnet's own per GPU: never queued behind the NCCL kernel that " \
     "waits for them (D64), but one under 32 KiB into GPU memory waits for a GPU time slice while a kernel of "  \

@@ -4,11 +4,20 @@
 
 namespace railnet::protocol {
 
-long ClearToSendQueue::parse(const char* data, size_t size, std::string* why) {
+long ClearToSendQueue::parse(const char* data, size_t size, std::string* why, std::vector<DoneFrame>* done) {
   size_t used = 0;
   while (size - used >= sizeof(FrameHeader)) {
     FrameHeader frame;
     memcpy(&frame, data + used, sizeof(frame));
+    if (done != nullptr && frame.type == static_cast<uint8_t>(FrameType::kDone)) {
+      if (frame.slot >= kMaxRecvs) {
+        *why = "protocol error: a done frame for buffer " + std::to_string(frame.slot);
+        return -1;
+      }
+      done->push_back({frame.recvId, frame.slot});
+      used += sizeof(FrameHeader);
+      continue;
+    }
     if (frame.type != static_cast<uint8_t>(FrameType::kClearToSend) || frame.slot < 1 || frame.slot > kMaxRecvs) {
       *why = "protocol error: expected a clear-to-send frame, got type " + std::to_string(frame.type) + " with " +
              std::to_string(frame.slot) + " buffers";

@@ -5,11 +5,19 @@
 
 #include <deque>
 #include <optional>
+#include <vector>
 #include <string>
 
 #include "proxy/protocol/wire.h"
 
 namespace railnet::protocol {
+
+// A kDone frame: buffer `slot` of receive `recvId` has all its bytes (wire.h).
+struct DoneFrame {
+  uint32_t recvId;
+  int slot;
+  bool operator==(const DoneFrame&) const = default;
+};
 
 class ClearToSendQueue {
  public:
@@ -27,7 +35,9 @@ class ClearToSendQueue {
 
   // Takes as many whole clear-to-send frames from `data` as it holds; returns the bytes used, or -1 with
   // *why set when the bytes are not a clear-to-send frame.
-  long parse(const char* data, size_t size, std::string* why);
+  // `done` (TCP with RAILNET_SEND_COMPLETION=delivered) also takes kDone frames, appending them; without it a
+  // kDone frame is a protocol error, as the receiver sends none unless asked.
+  long parse(const char* data, size_t size, std::string* why, std::vector<DoneFrame>* done = nullptr);
   // The buffer the next send with `tag` goes to, now claimed; nothing when no posted receive has one.
   std::optional<Destination> claim(int tag);
   bool empty() const { return posted_.empty(); }

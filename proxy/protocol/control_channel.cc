@@ -1,5 +1,6 @@
 #include "proxy/protocol/control_channel.h"
 
+#include <poll.h>
 #include <sys/uio.h>
 
 #include <algorithm>
@@ -44,6 +45,7 @@ void ControlChannel::send(const void* first, size_t firstSize, const void* secon
 }
 
 void ControlChannel::sendVector(const iovec* pieces, int count) {
+  std::lock_guard<std::mutex> lock(outputMutex_);
   size_t done = 0;
   if (outputSent_ == output_.size() && !failed()) {
     // Nothing queued: write directly, so an inline message costs one syscall and no copy.
@@ -87,6 +89,7 @@ ssize_t ControlChannel::read() {
 void ControlChannel::consume(size_t bytes) { inputBegin_ += bytes; }
 
 bool ControlChannel::flush() {
+  std::lock_guard<std::mutex> lock(outputMutex_);
   while (outputSent_ < output_.size()) {
     ssize_t sent = writeSome(fd_.get(), output_.data() + outputSent_, output_.size() - outputSent_);
     if (sent == 0) return true;
@@ -99,6 +102,21 @@ bool ControlChannel::flush() {
   output_.clear();
   outputSent_ = 0;
   return true;
+}
+
+bool ControlChannel::drain(std::chrono::milliseconds limit) {
+  const auto deadline = std::chrono::steady_clock::now() + limit;
+  while (flush()) {
+    {
+      std::lock_guard<std::mutex> lock(outputMutex_);
+      if (output_.empty()) return true;
+    }
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+    if (left.count() <= 0) return false;
+    pollfd writable{fd_.get(), POLLOUT, 0};
+    (void)poll(&writable, 1, static_cast<int>(left.count()));
+  }
+  return false;
 }
 
 void ControlChannel::recordFailure(const std::string& why, FailureKind kind) {

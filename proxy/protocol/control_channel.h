@@ -7,6 +7,7 @@
 #include <sys/uio.h>
 
 #include <atomic>
+#include <chrono>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -40,14 +41,18 @@ class ControlChannel {
   void setCounters(NicCounters* counters) { counters_ = counters; }
   NicCounters* counters() const { return counters_; }
 
-  // Output, caller holds the owner's lock. Writes what the socket takes now, straight from the caller's memory,
-  // and copies only the rest into the output queue (flushed by later calls).
+  // Output, from any thread (an internal lock orders the writers: a TCP receive comm's helper threads queue done
+  // frames while its proxy thread writes clear-to-sends). Writes what the socket takes now, straight from the
+  // caller's memory, and copies only the rest into the output queue (flushed by later calls).
   void send(const void* first, size_t firstSize, const void* second = nullptr, size_t secondSize = 0);
   // The same for `count` pieces (at most kMaxSendPieces), written by one syscall when the socket takes them.
   static constexpr int kMaxSendPieces = 2 * kMaxRecvs;
   void sendVector(const iovec* pieces, int count);
   // False once the socket failed (the failure is recorded). No syscall when nothing is queued.
   bool flush();
+  // flush() until nothing is queued, waiting for the socket at most `limit` in all: a closing comm's last frames
+  // (done frames the sender's last sends wait for). True when everything left.
+  bool drain(std::chrono::milliseconds limit);
 
   // Input, caller holds the owner's lock. Bytes are read in large gulps into a staging buffer, so a frame and
   // its payload usually cost one recv(), and a short read tells that the socket is drained. read() returns bytes
@@ -75,8 +80,9 @@ class ControlChannel {
   const char* direction_;
   NicCounters* counters_ = nullptr;
 
-  std::vector<char> output_;
-  size_t outputSent_ = 0;
+  std::mutex outputMutex_;
+  std::vector<char> output_;  // guarded by outputMutex_
+  size_t outputSent_ = 0;     // guarded by outputMutex_
   std::vector<char> input_;
   size_t inputBegin_ = 0;
   size_t inputEnd_ = 0;

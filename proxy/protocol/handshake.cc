@@ -66,6 +66,7 @@ std::unique_ptr<PendingConnect> startConnection(const Handle& handle, const Conn
     hello.streamCount = static_cast<uint16_t>(streams);
     hello.railId = from.railId;
     hello.nicCount = options.nicCount;
+    hello.features = i == 0 ? options.features : 0;
     pending->sockets.push_back(std::move(socket));
   }
   return pending;
@@ -266,6 +267,7 @@ bool HandshakeListener::readHello(Arrival& arrival) {
     group.peer.peer = arrival.peer;
     group.peer.controlRail = arrival.hello.railId;
     group.peer.nicCount = std::max<int>(1, arrival.hello.nicCount);
+    group.peer.features = arrival.hello.features;
   } else {
     group.peer.dataRails[arrival.hello.streamIndex] = arrival.hello.railId;
   }

@@ -29,6 +29,7 @@ struct PeerInfo {
   int16_t controlRail = -1;        // rail of the peer's NIC at the control socket
   std::vector<int16_t> dataRails;  // the same per data stream
   int nicCount = 1;                // the peer device's ConnectOptions::nicCount (at least 1)
+  uint32_t features = 0;           // what the connecting peer asked (Hello::features, kFeature*)
 };
 // What a transport builds once all sockets of a connection are there: the TCP transport moves its data over
 // them; the verbs transport keeps only the control socket, for its QP records and oversize notices.
@@ -49,6 +50,8 @@ struct ConnectOptions {
   // NICs behind the device that the handle and the hello announce to the peer (a fused verbs device's RDMA
   // ports, which share one control address); 0 means 1. The peer reads it as PeerInfo::nicCount.
   uint16_t nicCount = 0;
+  // Sent in the control socket's hello: what this (connecting, sending) side asks of the receiver (kFeature*).
+  uint32_t features = 0;
 };
 
 // Data streams a connection opens: `streams` per local NIC, at most kMaxStreams.

@@ -32,6 +32,7 @@ struct ReceiveBuffer {
 class PostedReceive {
  public:
   int count() const { return count_; }
+  uint32_t postedId() const { return postedId_.load(std::memory_order_relaxed); }  // the receive it serves
   ReceiveBuffer& buffer(int index) { return buffers_[index]; }
   const ReceiveBuffer& buffer(int index) const { return buffers_[index]; }
   bool complete() const { return pendingBuffers_.load(std::memory_order_acquire) == 0; }
@@ -155,12 +156,14 @@ class ReceiveRing {
   // before, and completes the buffer when the whole message is in. False, with why, for a chunk that overlaps
   // placed bytes in part or names another message size than the buffer's other chunks (a protocol error for the
   // caller to record); a chunk that repeats placed bytes exactly counts nothing and is not an error.
-  bool addBytes(const ChunkHeader& header, std::string* why) {
+  // *completed (when given) is set when this chunk completed its buffer: exactly one chunk of a buffer does.
+  bool addBytes(const ChunkHeader& header, std::string* why, bool* completed = nullptr) {
     Entry& entry = entries_[header.recvId % kEntries];
     ReceiveBuffer& buffer = entry.buffers_[header.slot];
     switch (buffer.ledger.add(header.offset, header.length, header.messageSize, why)) {
       case ChunkLedger::Verdict::kComplete:
         completeBuffer(entry, header.slot, header.messageSize);
+        if (completed != nullptr) *completed = true;
         return true;
       case ChunkLedger::Verdict::kCounted:
       case ChunkLedger::Verdict::kRepeated:

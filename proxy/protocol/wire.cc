@@ -16,6 +16,7 @@ const char* validateHello(const Hello& hello, const uint64_t secret[2]) {
     return "unknown stream role";
   }
   if (hello.streamCount > kMaxStreams) return "stream count out of range";
+  if ((hello.features & ~kKnownFeatures) != 0 || hello.reserved != 0) return "unknown features asked";
   if (hello.role == static_cast<uint16_t>(StreamRole::kData) && hello.streamIndex >= hello.streamCount) {
     return "stream index out of range";
   }

@@ -15,7 +15,7 @@ namespace railnet::protocol {
 
 constexpr uint32_t kHandleMagic = 0x43544e52;  // "RNTC"
 constexpr uint32_t kHelloMagic = 0x4c484e52;   // "RNHL"
-constexpr uint16_t kWireVersion = 1;
+constexpr uint16_t kWireVersion = 2;  // 2: Hello::features, FrameType::kDone
 constexpr int kMaxStreams = 64;
 constexpr int kMaxRecvs = 8;
 constexpr int kMaxKeysPerBuffer = 8;  // rkeys per clear-to-send buffer: one per verbs path
@@ -79,18 +79,28 @@ struct Hello {
   uint16_t streamCount;   // data streams in this connection (0: control socket only)
   int16_t railId;         // sender's rail, for telemetry
   uint16_t nicCount;      // control socket: ConnectOptions::nicCount of the connecting device (0 means 1)
+  uint32_t features;      // control socket: what the connecting (sending) side asks of the receiver (kFeature*)
+  uint32_t reserved;      // 0
 };
-static_assert(sizeof(Hello) == 40);
+static_assert(sizeof(Hello) == 48);
+
+// Hello::features. kFeatureDeliveredCompletion: the receiver sends a kDone frame when a buffer that data-stream
+// chunks fill has all its bytes, and the sender completes that send on it (RAILNET_SEND_COMPLETION=delivered;
+// docs/failover.md). Inline sends complete at once: their bytes are copied.
+inline constexpr uint32_t kFeatureDeliveredCompletion = 1;
+inline constexpr uint32_t kKnownFeatures = kFeatureDeliveredCompletion;
 
 // Checks a hello against the listener's secret; returns nullptr when valid, else why not.
 const char* validateHello(const Hello& hello, const uint64_t secret[2]);
 
-// Control frames. Receiver -> sender: kClearToSend. Sender -> receiver: kInline, kOversize.
-enum class FrameType : uint8_t { kClearToSend = 1, kInline = 2, kOversize = 3 };
+// Control frames. Receiver -> sender: kClearToSend, kDone (only when the sender asked: kFeatureDeliveredCompletion).
+// Sender -> receiver: kInline, kOversize.
+enum class FrameType : uint8_t { kClearToSend = 1, kInline = 2, kOversize = 3, kDone = 4 };
 
 struct FrameHeader {
   uint8_t type;    // FrameType
   uint8_t slot;    // buffer index within the grouped receive (kInline/kOversize); buffer count for kClearToSend
+                   // kDone: the buffer (of receive recvId) that has all its bytes
   uint16_t extraKeys;  // kClearToSend from a fused verbs receiver: rkeys per buffer beyond the entry's (else 0)
   uint32_t recvId; // sequence number of the receive, per connection
   uint64_t size;   // payload bytes (kInline), sender's size (kOversize); unused for kClearToSend

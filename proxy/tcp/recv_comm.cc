@@ -18,9 +18,15 @@ using protocol::kChunkStaged;
 using protocol::kEndOfStream;
 using protocol::kMaxRecvs;
 
+namespace {
+// How long a closing receive comm waits for its last done frames to leave (delivered completion).
+constexpr std::chrono::milliseconds kDoneDrainLimit{1000};
+}  // namespace
+
 TcpRecvComm::TcpRecvComm(Fd control, std::vector<Fd> data, const protocol::SocketAddress& peer,
-                         const NicLayout& layout)
+                         const NicLayout& layout, bool sendDoneFrames)
     : control_(std::move(control), peer, "receive"),
+      sendDoneFrames_(sendDoneFrames),
       landing_(stagingSlots(), stagingPieceBytes()),
       streams_(std::move(data)),
       openStreams_(0) {
@@ -37,6 +43,11 @@ TcpRecvComm::TcpRecvComm(Fd control, std::vector<Fd> data, const protocol::Socke
 TcpRecvComm::~TcpRecvComm() {
   watchdog_.reset();
   streams_.stop();
+  // The sender's last sends complete on their done frames: let them leave (they fit the socket's buffer unless the
+  // sender stopped reading, hence the bound).
+  if (sendDoneFrames_ && !control_.failed() && !control_.drain(kDoneDrainLimit)) {
+    RN_INFO(NCCL_NET, "NET/railnet: receive comm from %s closed with done frames unsent", control_.peerName().c_str());
+  }
   if (ring_.groupedPosts() != 0) {
     RN_INFO(NCCL_NET, "NET/railnet: receive comm from %s took %llu grouped receives of %llu buffers",
             control_.peerName().c_str(), static_cast<unsigned long long>(ring_.groupedPosts()),
@@ -244,7 +255,21 @@ void TcpRecvComm::chunkReceived(const ChunkHeader& header) noexcept {
     return;
   }
   std::string why;
-  if (!ring_.addBytes(header, &why)) control_.recordFailure("protocol error: " + why);
+  bool completed = false;
+  if (!ring_.addBytes(header, &why, &completed)) control_.recordFailure("protocol error: " + why);
+  if (completed && sendDoneFrames_) {
+    // The helper that completed the buffer says so at once, whether or not the receiver is testing.
+    try {
+      sendDone(header.recvId, header.slot);  // the channel orders its writers; the comm's lock is not needed
+    } catch (const std::exception& error) {  // out of memory queueing 16 bytes
+      control_.recordFailure(std::string("cannot queue a done frame: ") + error.what(), protocol::FailureKind::kLocal);
+    }
+  }
+}
+
+void TcpRecvComm::sendDone(uint32_t recvId, int slot) {
+  FrameHeader delivered{static_cast<uint8_t>(FrameType::kDone), static_cast<uint8_t>(slot), 0, recvId, 0};
+  control_.send(&delivered, sizeof(delivered));
 }
 
 std::string TcpRecvComm::describeReceive(const RecvRequest& request) const {
@@ -335,7 +360,9 @@ void TcpRecvComm::pumpStaging() {
       telemetry_.add(staging::StagingTelemetry::kCopy, now - copyingUp_.front().submittedAt);
       telemetry_.countPiece(piece.piece.length);
       copyingUp_.pop_front();
-      if (!ring_.addBytes(piece.piece, &why)) control_.recordFailure("protocol error: " + why);
+      bool completed = false;
+      if (!ring_.addBytes(piece.piece, &why, &completed)) control_.recordFailure("protocol error: " + why);
+      if (completed && sendDoneFrames_) sendDone(piece.piece.recvId, piece.piece.slot);
       landing_.release(piece.slot);
     }
     // Streams that found their piece's slot busy read on now.

@@ -35,7 +35,10 @@ class RecvRequest final : public protocol::CommRequest<TcpRecvComm, RecvRequest>
 
 class TcpRecvComm final : public RecvComm, private StreamOwner, private progress::Watched {
  public:
-  TcpRecvComm(Fd control, std::vector<Fd> data, const protocol::SocketAddress& peer, const NicLayout& layout = {});
+  // sendDoneFrames: the sender asked for delivered completion (wire.h kFeatureDeliveredCompletion): each buffer
+  // completed by data-stream chunks sends it a done frame.
+  TcpRecvComm(Fd control, std::vector<Fd> data, const protocol::SocketAddress& peer, const NicLayout& layout = {},
+              bool sendDoneFrames = false);
   ~TcpRecvComm() override;
 
   ncclResult_t irecv(int n, void** data, const size_t* sizes, const int* tags, MemoryRegion** mrs,
@@ -70,9 +73,14 @@ class TcpRecvComm final : public RecvComm, private StreamOwner, private progress
 
   char* resolveChunk(const protocol::ChunkHeader& header) noexcept override;
   void chunkReceived(const protocol::ChunkHeader& header) noexcept override;
+  // Delivered completion: tells the sender that buffer `slot` of receive `recvId` has all its bytes. Any thread.
+  // At most one per buffer in flight is ever queued, far less than a socket buffer holds, so it leaves at once or
+  // with the next flush.
+  void sendDone(uint32_t recvId, int slot);
   void streamFailed(int streamIndex, const char* why, int err, bool endOfStream) noexcept override;
 
   protocol::ControlChannel control_;
+  const bool sendDoneFrames_;
   CommStaging staging_{"receive"};
   staging::LandingRing landing_;
   DataStreams streams_;

@@ -1,5 +1,7 @@
 #include "proxy/tcp/send_comm.h"
 
+#include <poll.h>
+
 #include <algorithm>
 #include <cstring>
 
@@ -31,6 +33,7 @@ constexpr uint64_t kStealBacklog = 1 << 20;
 TcpSendComm::TcpSendComm(Fd control, std::vector<Fd> data, const protocol::SocketAddress& peer, NicLayout layout)
     : control_(std::move(control), peer, "send"),
       streams_(std::move(data)),
+      delivered_(settings().sendCompletion == SendCompletion::kDelivered),
       requests_(kSendRequests, [this](SendRequest& request) { request.setOwner(this); }),
       slotChunks_(new std::atomic<int>[static_cast<size_t>(stagingSlots())]()),
       slotCopying_(static_cast<size_t>(stagingSlots()), false) {
@@ -81,12 +84,29 @@ void TcpSendComm::pumpControl() {
 
 bool TcpSendComm::parseClearToSends() {
   std::string why;
-  long used = posted_.parse(control_.data(), control_.size(), &why);
+  done_.clear();
+  long used = posted_.parse(control_.data(), control_.size(), &why, delivered_ ? &done_ : nullptr);
   if (used < 0) {
     control_.recordFailure(why);
     return false;
   }
   control_.consume(static_cast<size_t>(used));
+  for (const protocol::DoneFrame& delivered : done_) {
+    // The send into buffer `slot` of receive `recvId` has all its bytes at the receiver.
+    bool matched = false;
+    requests_.forEachInFlight([&](SendRequest& request) {
+      if (!matched && request.recvId_ == delivered.recvId && request.slot_ == delivered.slot &&
+          request.awaitingDone_.load(std::memory_order_relaxed)) {
+        request.awaitingDone_.store(false, std::memory_order_release);
+        matched = true;
+      }
+    });
+    if (!matched) {
+      control_.recordFailure("protocol error: a done frame for receive " + std::to_string(delivered.recvId) +
+                             " buffer " + std::to_string(delivered.slot) + ", which no send in flight went to");
+      return false;
+    }
+  }
   return true;
 }
 
@@ -166,8 +186,13 @@ ncclResult_t TcpSendComm::isend(void* data, size_t size, int tag, MemoryRegion* 
   sendRequest->serial_ = ++sends_;
   sendRequest->sentBytes_.store(0, std::memory_order_relaxed);
   sendRequest->watch_.start();
+  sendRequest->recvId_ = recvId;
+  sendRequest->slot_ = slot;
 
   const bool inlined = size == 0 || (size <= inlineBytes_ && !fromGpu && stagedPieceBytes == 0);
+  // Delivered completion holds back only sends whose chunks leave from the caller's buffer: inline bytes are copied
+  // into the control queue at once, and rail failover replays them from there (docs/failover.md).
+  sendRequest->awaitingDone_.store(delivered_ && !inlined, std::memory_order_relaxed);
   if (mayInline && !inlined) controlShaping_.refund(size);  // its chunks draw from their streams' buckets
   const bool held = held_.holds(*found, inlined);
   if (held_.mustFlushBefore(held, recvId)) flushHeld();  // keeps the order sends were accepted in
@@ -362,7 +387,19 @@ void TcpSendComm::pumpStaging() {
 
 ncclResult_t TcpSendComm::testRequest(SendRequest* request, int* done, int* sizes) noexcept {
   *done = 0;
-  if (request->pendingChunks_.load(std::memory_order_acquire) == 0) {
+  if (request->awaitingDone_.load(std::memory_order_acquire) &&
+      request->pendingChunks_.load(std::memory_order_acquire) == 0) {
+    // Delivered completion: every byte is written; the receiver's done frame says when it has them all. poll()
+    // first: unlike recv() it does not take the socket's lock, which the receiver's helper needs to write the frame
+    // (on loopback the writer delivers into this socket), and NCCL tests the oldest send in a tight loop.
+    pollfd readable{control_.fd(), POLLIN, 0};
+    if (poll(&readable, 1, 0) > 0) {
+      std::unique_lock<std::mutex> lock(mutex_, std::try_to_lock);
+      if (lock.owns_lock()) pumpControl();
+    }
+  }
+  if (request->pendingChunks_.load(std::memory_order_acquire) == 0 &&
+      !request->awaitingDone_.load(std::memory_order_acquire)) {
     *done = 1;
     if (sizes != nullptr) *sizes = static_cast<int>(request->size_);
     std::lock_guard<std::mutex> lock(mutex_);
@@ -402,18 +439,23 @@ std::string TcpSendComm::stagingState() {
 
 void TcpSendComm::reportStalled(const SendRequest& request, progress::WatchClock::time_point now) {
   RN_WARN("NET/railnet: watchdog: send #%llu of %llu bytes to %s has made no progress for %.1f s (%llu bytes written, "
-          "%d chunks left); it is not failed; %s", static_cast<unsigned long long>(request.serial_),
+          "%d chunks left%s); it is not failed; %s", static_cast<unsigned long long>(request.serial_),
           static_cast<unsigned long long>(request.size_), control_.peerName().c_str(),
           request.watch_.quietFor(now),
           static_cast<unsigned long long>(request.sentBytes_.load(std::memory_order_relaxed)),
-          request.pendingChunks_.load(std::memory_order_relaxed), stagingState().c_str());
+          request.pendingChunks_.load(std::memory_order_relaxed),
+          request.awaitingDone_.load(std::memory_order_relaxed) ? ", waiting for the receiver's done frame" : "",
+          stagingState().c_str());
 }
 
 void TcpSendComm::watch(progress::WatchClock::time_point now, std::chrono::milliseconds limit) noexcept {
   std::unique_lock<std::mutex> lock(mutex_, std::try_to_lock);
   if (!lock.owns_lock()) return;  // the data path is here: look next round
   requests_.forEachInFlight([&](SendRequest& request) {
-    if (request.pendingChunks_.load(std::memory_order_acquire) == 0) return;  // done, not yet collected by test
+    if (request.pendingChunks_.load(std::memory_order_acquire) == 0 &&
+        !request.awaitingDone_.load(std::memory_order_acquire)) {
+      return;  // done, not yet collected by test
+    }
     progress::lookAt(request.watch_, request.sentBytes_.load(std::memory_order_relaxed), now, limit,
                      [&] { return "send #" + std::to_string(request.serial_) + " to " + control_.peerName(); },
                      [&] {

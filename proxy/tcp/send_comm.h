@@ -31,6 +31,11 @@ class SendRequest final : public protocol::CommRequest<TcpSendComm, SendRequest>
   friend class TcpSendComm;
   std::atomic<int> pendingChunks_{0};
   std::atomic<uint64_t> sentBytes_{0};  // payload in the kernel's socket buffers so far (helper threads add)
+  // RAILNET_SEND_COMPLETION=delivered, a send on the data streams: set until the receiver's done frame for buffer
+  // slot_ of receive recvId_ has arrived.
+  std::atomic<bool> awaitingDone_{false};
+  uint32_t recvId_ = 0;
+  int slot_ = 0;
   uint64_t size_ = 0;
   uint64_t serial_ = 0;            // which send this is (requests are reused): for the watchdog's report
   progress::ProgressMark watch_;  // guarded by the comm's mutex_
@@ -47,7 +52,8 @@ class TcpSendComm final : public SendComm, private StreamOwner, private progress
   friend class protocol::CommRequest<TcpSendComm, SendRequest>;
   MemoryRegistrar& registrar() noexcept override;
   ncclResult_t testRequest(SendRequest* request, int* done, int* sizes) noexcept;
-  // Turns buffered control bytes into posted receives; false on a protocol error (recorded).
+  // Turns buffered control bytes into posted receives (and, with delivered completion, done frames into completed
+  // sends); false on a protocol error (recorded).
   bool parseClearToSends();
   // Reads clear-to-send frames and flushes queued control bytes. Caller holds mutex_.
   void pumpControl();
@@ -108,6 +114,8 @@ class TcpSendComm final : public SendComm, private StreamOwner, private progress
   CommStaging staging_{"send"};
   DataStreams streams_;
   uint64_t inlineBytes_;
+  const bool delivered_;        // RAILNET_SEND_COMPLETION=delivered: sends complete on the receiver's done frames
+  std::vector<protocol::DoneFrame> done_;  // guarded by mutex_: parse's scratch
   shaping::EgressShaping controlShaping_;  // NIC 0's: inline messages wait for it (fabric emulation)
   uint64_t minChunkBytes_;
 

@@ -209,6 +209,8 @@ class TcpTransport final : public Transport {
       }
     }
     options.railId = nics[0].second;
+    // The sending side decides how its sends complete; the receiver learns it from the hello (wire.h).
+    options.features = settings().sendCompletion == SendCompletion::kDelivered ? protocol::kFeatureDeliveredCompletion : 0;
     const uint64_t minStripe = minStripeBytes_;
     // One counted connection per NIC the comm uses; cross-rail when the rail at the other end differs.
     auto layoutFor = [nics, minStripe](const PeerInfo& peer, size_t dataStreams) {
@@ -231,7 +233,9 @@ class TcpTransport final : public Transport {
     };
     options.makeRecvComm = [layoutFor](Fd control, std::vector<Fd> data, const PeerInfo& peer) {
       NicLayout layout = layoutFor(peer, data.size());
-      return std::unique_ptr<RecvComm>(new TcpRecvComm(std::move(control), std::move(data), peer.peer, layout));
+      const bool sendDone = (peer.features & protocol::kFeatureDeliveredCompletion) != 0;
+      return std::unique_ptr<RecvComm>(
+          new TcpRecvComm(std::move(control), std::move(data), peer.peer, layout, sendDone));
     };
     return options;
   }

@@ -1,5 +1,7 @@
 // Single-buffer data movement: sizes, zero bytes, short sends, request windows, concurrency (group "data").
 #include <algorithm>
+#include <chrono>
+#include <string>
 #include <random>
 #include <thread>
 
@@ -183,6 +185,42 @@ TEST_CASE("data", "register_during_transfer", Scope::PerVersion) {
   });
   threads.join();
   REQUIRE(cycles.load() > 0, "no registration ran during the transfer");
+}
+
+TEST_CASE("data", "delivered_completion", Scope::PerVersionOwnLoad) {
+  // RAILNET_SEND_COMPLETION (docs/failover.md): "delivered" completes a send that left on the data streams only on
+  // the receiver's done frame, which the helper thread that placed the buffer's last byte sends, whether or not the
+  // receiver is testing. So once such a send completes, the receive must be complete at the first test. ("written",
+  // the default, completes a send when its bytes are in the kernel, when most of a large message may still be on
+  // its way: no such promise, so only its data is checked.) Large messages, and inline ones between: those complete
+  // at once either way (their bytes are copied into the control queue).
+  const std::vector<size_t> sizes = {64 * MiB, 5, 16 * MiB + 3, 0, 8 * MiB, 2 * MiB + 1};
+  constexpr size_t kInlineBytes = 64 * KiB;  // RAILNET_TCP_INLINE_BYTES' default
+  for (const char* mode : {"written", "delivered"}) {
+    const bool delivered = std::string(mode) == "delivered";
+    OwnLoad load(*env.pluginPath, env.version, "RAILNET_SEND_COMPLETION", mode);
+    NetApi& net = *load.net;
+    LinkedPair pair(net, env.dev);
+    for (size_t round = 0; round < sizes.size(); ++round) {
+      const size_t size = sizes[round];
+      HostBuffer send(std::max<size_t>(size, 1)), recv(std::max<size_t>(size, 1));
+      Registration sendReg(net, pair.conn.send.get(), send.data(), send.size());
+      Registration recvReg(net, pair.conn.recv.get(), recv.data(), recv.size());
+      fillPattern(send.data(), size, 61 + round);
+      const Deadline deadline;
+      void* rreq = postRecv(net, pair.conn.recv.get(), recv.data(), size, recvReg.handle(), deadline);
+      void* sreq = postSend(net, pair.conn.send.get(), send.data(), size, 0, sendReg.handle(), deadline);
+      REQUIRE_OK(waitRequest(net, sreq, nullptr, deadline));  // the receiver has not tested yet
+      int done = 0, received = -1;
+      REQUIRE_OK(net.test(rreq, &done, &received));
+      if (delivered && size > kInlineBytes) {
+        REQUIRE(done == 1, strf("a delivered send of %zu bytes completed before its receive had every byte", size));
+      }
+      if (done == 0) REQUIRE_OK(waitRequest(net, rreq, &received, deadline));
+      REQUIRE(received == static_cast<int>(size), strf("%s: received %d bytes of %zu", mode, received, size));
+      REQUIRE(findMismatch(recv.data(), size, 61 + round) == SIZE_MAX, strf("%s: received bytes differ", mode));
+    }
+  }
 }
 
 }  // namespace conformance

@@ -1,4 +1,4 @@
-// The 40 bytes that open every socket a listener accepts, from anyone who can reach it.
+// The 48 bytes that open every socket a listener accepts, from anyone who can reach it.
 #include <cstdint>
 #include <cstring>
 

@@ -173,3 +173,32 @@ TEST_CASE("a claim tells how many buffers of its receive still wait for a send",
   CHECK(five->groupUnclaimed == 0);
   CHECK(queue.empty());
 }
+
+TEST_CASE("done frames: taken between clear-to-sends only when asked for, else a protocol error", "[matching]") {
+  std::vector<char> bytes;
+  appendFrame(&bytes, 0, {{1, 64}});
+  FrameHeader done{static_cast<uint8_t>(FrameType::kDone), 1, 0, 7, 0};  // buffer 1 of receive 7
+  const char* raw = reinterpret_cast<const char*>(&done);
+  bytes.insert(bytes.end(), raw, raw + sizeof(done));
+  appendFrame(&bytes, 1, {{1, 64}});
+  done.recvId = 8;
+  done.slot = 0;
+  bytes.insert(bytes.end(), raw, raw + sizeof(done));
+  bytes.insert(bytes.end(), raw, raw + 5);  // part of a third: waits for the rest
+
+  ClearToSendQueue asked;
+  std::vector<railnet::protocol::DoneFrame> delivered;
+  std::string why;
+  CHECK(asked.parse(bytes.data(), bytes.size(), &why, &delivered) == static_cast<long>(bytes.size() - 5));
+  CHECK(delivered == std::vector<railnet::protocol::DoneFrame>{{7, 1}, {8, 0}});
+  CHECK(asked.claim(1));
+  CHECK(asked.claim(1));
+
+  ClearToSendQueue notAsked;
+  CHECK(notAsked.parse(bytes.data(), bytes.size(), &why) == -1);
+  CHECK(why.find("protocol error") != std::string::npos);
+
+  ClearToSendQueue badSlot;
+  done.slot = 8;  // buffers are 0..7
+  CHECK(badSlot.parse(raw, sizeof(done), &why, &delivered) == -1);
+}

@@ -100,7 +100,7 @@ TEST_CASE("every enum setting rejects a bogus value, naming the variable, the va
     CHECK(namesVariable(errors, row.env, "bogus"));
     if (!errors.empty()) CHECK(errors[0].find(row.allowed) != std::string::npos);
   }
-  CHECK(enums == 6);
+  CHECK(enums == 7);
   CHECK(errorsFor("RAILNET_TRANSPORT", "bogus") ==
         std::vector<std::string>{"RAILNET_TRANSPORT=\"bogus\": not a known value; allowed: auto, tcp, verbs"});
   // Empty is a value only where it was accepted before.

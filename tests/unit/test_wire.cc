@@ -21,6 +21,9 @@ Hello validHello(const uint64_t secret[2]) {
 TEST_CASE("a hello with the listener's secret is accepted", "[wire]") {
   const uint64_t secret[2] = {0x1234, 0x5678};
   CHECK(validateHello(validHello(secret), secret) == nullptr);
+  Hello delivered = validHello(secret);
+  delivered.features = kFeatureDeliveredCompletion;
+  CHECK(validateHello(delivered, secret) == nullptr);
 }
 
 TEST_CASE("hellos that are wrong in any field are rejected with a reason", "[wire]") {
@@ -33,6 +36,8 @@ TEST_CASE("hellos that are wrong in any field are rejected with a reason", "[wir
   SECTION("a data stream of a control-only connection") { hello.streamCount = 0; }
   SECTION("too many streams") { hello.streamCount = kMaxStreams + 1; }
   SECTION("unknown role") { hello.role = 7; }
+  SECTION("a feature this build does not know") { hello.features = kKnownFeatures + 1; }
+  SECTION("reserved bits set") { hello.reserved = 1; }
   const char* why = validateHello(hello, secret);
   REQUIRE(why != nullptr);
   CHECK(std::string(why).size() > 5);
