@@ -28,6 +28,8 @@ constexpr size_t kSendRequests = 2 * NCCL_NET_MAX_REQUESTS * kMaxRecvs;
 constexpr auto kStallWarning = std::chrono::seconds(10);
 // A stream is robbed only with at least this much queued: two chunks of a 4 MiB message, not 256 KiB ones.
 constexpr uint64_t kStealBacklog = 1 << 20;
+// Delivered completion: how often a spinning test() looks for done frames on the control socket.
+constexpr std::chrono::microseconds kDonePollInterval{5};
 }  // namespace
 
 TcpSendComm::TcpSendComm(Fd control, std::vector<Fd> data, const protocol::SocketAddress& peer, NicLayout layout)
@@ -392,10 +394,16 @@ ncclResult_t TcpSendComm::testRequest(SendRequest* request, int* done, int* size
     // Delivered completion: every byte is written; the receiver's done frame says when it has them all. poll()
     // first: unlike recv() it does not take the socket's lock, which the receiver's helper needs to write the frame
     // (on loopback the writer delivers into this socket), and NCCL tests the oldest send in a tight loop.
-    pollfd readable{control_.fd(), POLLIN, 0};
-    if (poll(&readable, 1, 0) > 0) {
-      std::unique_lock<std::mutex> lock(mutex_, std::try_to_lock);
-      if (lock.owns_lock()) pumpControl();
+    // At most one look per kDonePollInterval: NCCL's proxy thread spins on test(), and a syscall per spin took CPU
+    // from the helper threads that move the bytes (performance.md §14).
+    const auto now = std::chrono::steady_clock::now();
+    if (now - lastDonePoll_.load(std::memory_order_relaxed) >= kDonePollInterval) {
+      lastDonePoll_.store(now, std::memory_order_relaxed);
+      pollfd readable{control_.fd(), POLLIN, 0};
+      if (poll(&readable, 1, 0) > 0) {
+        std::unique_lock<std::mutex> lock(mutex_, std::try_to_lock);
+        if (lock.owns_lock()) pumpControl();
+      }
     }
   }
   if (request->pendingChunks_.load(std::memory_order_acquire) == 0 &&

@@ -116,6 +116,7 @@ class TcpSendComm final : public SendComm, private StreamOwner, private progress
   uint64_t inlineBytes_;
   const bool delivered_;        // RAILNET_SEND_COMPLETION=delivered: sends complete on the receiver's done frames
   std::vector<protocol::DoneFrame> done_;  // guarded by mutex_: parse's scratch
+  std::atomic<std::chrono::steady_clock::time_point> lastDonePoll_{};  // test()'s last look for done frames
   shaping::EgressShaping controlShaping_;  // NIC 0's: inline messages wait for it (fabric emulation)
   uint64_t minChunkBytes_;
 
