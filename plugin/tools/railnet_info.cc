@@ -236,10 +236,12 @@ void printText(const Topology& topology, const RailPlan& plan, const Transports&
   printf("%s\n", transports.verbs.empty() ? ("none (" + transports.verbsNote + ")").c_str() : "");
   printf("\nDevices placed:\n");
   for (const NetDevice& device : placement.devices) {
-    printf("  %-16s rail %-3d %s\n", device.name.c_str(), device.railId,
+    // The rail's GPU: where a routed GPUDirect connection stages its bytes (the verbs NVLink hop).
+    printf("  %-16s rail %-3d %s%s%s\n", device.name.c_str(), device.railId,
            device.nic >= 0          ? ("NIC " + topology.nics[static_cast<size_t>(device.nic)].where.busId).c_str()
            : device.pciPath.empty() ? "no PCI function"
-                                    : device.pciPath.c_str());
+                                    : device.pciPath.c_str(),
+           device.railGpu.empty() ? "" : ", rail GPU ", device.railGpu.c_str());
   }
   if (placement.devices.empty()) printf("  (none)\n");
   printf("\nNCCL topology XML (NCCL_TOPO_FILE):\n");
@@ -279,8 +281,9 @@ void printJson(const Topology& topology, const RailPlan& plan, const Transports&
          jsonList(transports.verbs).c_str());
   for (size_t i = 0; i < placement.devices.size(); ++i) {
     const NetDevice& device = placement.devices[i];
-    printf("%s\n    {\"name\": %s, \"rail\": %d, \"pciPath\": %s}", i ? "," : "", jsonString(device.name).c_str(),
-           device.railId, jsonString(device.pciPath).c_str());
+    printf("%s\n    {\"name\": %s, \"rail\": %d, \"pciPath\": %s, \"railGpu\": %s}", i ? "," : "",
+           jsonString(device.name).c_str(), device.railId, jsonString(device.pciPath).c_str(),
+           jsonString(device.railGpu).c_str());
   }
   printf("\n  ],\n  \"ncclTopoXml\": %s,\n  \"warnings\": %s\n}\n", jsonString(placement.ncclXml).c_str(),
          jsonList(plan.warnings).c_str());
