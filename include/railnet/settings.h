@@ -97,6 +97,16 @@ inline constexpr int64_t kSizeMax = INT64_MAX;
     "When a TCP send completes: written (its bytes are in the kernel's socket buffers) or delivered (the "      \
     "receiver has them all: it sends a done frame per buffer, as rail failover needs; docs/failover.md). "      \
     "The sending side decides; verbs sends always complete on delivery.")                                        \
+  X(Int, failover, "RAILNET_FAILOVER", 1, (0, 1),                                                                \
+    "1: a TCP connection survives a broken control socket: control frames are numbered and kept until "          \
+    "acknowledged, the sending side re-makes the socket and each side sends again what the other lacks "        \
+    "(docs/failover.md); 0: a broken socket fails its connection with ncclRemoteError. The sending side decides.") \
+  X(Int, failoverResumeMs, "RAILNET_FAILOVER_RESUME_MS", 2000, (10, kIntMax),                                    \
+    "A broken control socket that is not re-made within this many ms fails its connection (ncclRemoteError, "   \
+    "naming the peer).")                                                                                          \
+  X(Int, faultControlCut, "RAILNET_FAULT_CONTROL_CUT", 0, (0, kIntMax),                                         \
+    "Test feature: every N-th control frame a resumable TCP connection sends leaves half written and its socket " \
+    "is cut (shutdown), to exercise re-making it; 0: off.")                                                     \
   X(Int, tcpOwnCopyContext, "RAILNET_TCP_OWN_COPY_CONTEXT", 1, (0, 1),                                        \
     "1: staging copies run in a CUDA context of railnet's own per GPU: never queued behind the NCCL kernel that " \
     "waits for them (D64), but one under 32 KiB into GPU memory waits for a GPU time slice while a kernel of "  \

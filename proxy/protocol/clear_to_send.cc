@@ -5,17 +5,43 @@
 namespace railnet::protocol {
 
 long ClearToSendQueue::parse(const char* data, size_t size, std::string* why, std::vector<DoneFrame>* done) {
+  ControlEvents events;
+  events.done = done;
+  return parse(data, size, why, &events);
+}
+
+long ClearToSendQueue::parse(const char* data, size_t size, std::string* why, ControlEvents* events) {
+  // A sockaddr_storage, the most a session frame may carry.
+  constexpr uint64_t kMaxSessionBytes = 128;
   size_t used = 0;
   while (size - used >= sizeof(FrameHeader)) {
     FrameHeader frame;
     memcpy(&frame, data + used, sizeof(frame));
-    if (done != nullptr && frame.type == static_cast<uint8_t>(FrameType::kDone)) {
+    if (events->done != nullptr && frame.type == static_cast<uint8_t>(FrameType::kDone)) {
       if (frame.slot >= kMaxRecvs) {
         *why = "protocol error: a done frame for buffer " + std::to_string(frame.slot);
         return -1;
       }
-      done->push_back({frame.recvId, frame.slot});
+      events->done->push_back({frame.recvId, frame.slot});
+      ++events->numbered;
       used += sizeof(FrameHeader);
+      continue;
+    }
+    if (events->resumable && frame.type == static_cast<uint8_t>(FrameType::kAck)) {
+      events->acknowledged = static_cast<uint32_t>(frame.size);
+      used += sizeof(FrameHeader);
+      continue;
+    }
+    if (events->resumable && frame.type == static_cast<uint8_t>(FrameType::kSession)) {
+      if (frame.size > kMaxSessionBytes) {
+        *why = "protocol error: a session frame of " + std::to_string(frame.size) + " bytes";
+        return -1;
+      }
+      if (size - used < sizeof(FrameHeader) + frame.size) break;
+      const char* payload = data + used + sizeof(FrameHeader);
+      events->session.assign(payload, payload + frame.size);
+      ++events->numbered;
+      used += sizeof(FrameHeader) + frame.size;
       continue;
     }
     if (frame.type != static_cast<uint8_t>(FrameType::kClearToSend) || frame.slot < 1 || frame.slot > kMaxRecvs) {
@@ -48,6 +74,7 @@ long ClearToSendQueue::parse(const char* data, size_t size, std::string* why, st
              frame.extraKeys * sizeof(uint32_t));
     }
     posted_.push_back(receive);
+    ++events->numbered;
     used += total;
   }
   return static_cast<long>(used);

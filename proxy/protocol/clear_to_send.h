@@ -19,6 +19,15 @@ struct DoneFrame {
   bool operator==(const DoneFrame&) const = default;
 };
 
+// What a TCP sender's control input holds besides clear-to-sends (parse() fills it).
+struct ControlEvents {
+  std::vector<DoneFrame>* done = nullptr;  // kDone frames are taken (delivered completion) only when set
+  bool resumable = false;                  // kAck and kSession frames are taken only when set (wire.h kFeatureResume)
+  uint32_t numbered = 0;                   // numbered frames taken: clear-to-sends, done, session
+  std::optional<uint32_t> acknowledged;    // the last kAck's count
+  std::vector<char> session;               // the last kSession frame's payload
+};
+
 class ClearToSendQueue {
  public:
   struct Destination {
@@ -38,6 +47,8 @@ class ClearToSendQueue {
   // `done` (TCP with RAILNET_SEND_COMPLETION=delivered) also takes kDone frames, appending them; without it a
   // kDone frame is a protocol error, as the receiver sends none unless asked.
   long parse(const char* data, size_t size, std::string* why, std::vector<DoneFrame>* done = nullptr);
+  // The same, taking every frame `events` allows.
+  long parse(const char* data, size_t size, std::string* why, ControlEvents* events);
   // The buffer the next send with `tag` goes to, now claimed; nothing when no posted receive has one.
   std::optional<Destination> claim(int tag);
   bool empty() const { return posted_.empty(); }

@@ -1,6 +1,8 @@
 #include "proxy/protocol/control_channel.h"
 
+#include <fcntl.h>
 #include <poll.h>
+#include <sys/socket.h>
 #include <sys/uio.h>
 
 #include <algorithm>
@@ -10,6 +12,7 @@
 #include "proxy/protocol/wire.h"
 #include "railnet/error.h"
 #include "railnet/log.h"
+#include "railnet/text.h"
 
 namespace railnet::protocol {
 
@@ -31,12 +34,54 @@ bool isRemoteErrno(int err) {
   }
 }
 
+namespace {
+// A resumable channel acknowledges the peer's frames after this many: the peer's replay log stays short.
+constexpr uint32_t kAcknowledgeEvery = 16;
+
+int64_t steadyNs(std::chrono::steady_clock::time_point when) {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(when.time_since_epoch()).count();
+}
+}  // namespace
+
 ControlChannel::ControlChannel(Fd fd, const SocketAddress& peer, const char* direction)
-    : fd_(std::move(fd)), peerName_(peer.toString()), direction_(direction) {}
+    : fd_(std::move(fd)), readFd_(fd_.get()), peerName_(peer.toString()), direction_(direction) {}
+
+ControlChannel::~ControlChannel() {
+  if (service_) service_->remove(this);  // synchronous: no service call reaches this channel afterwards
+}
 
 void ControlChannel::recordSocketFailure(const char* what, ssize_t result) {
   const int err = static_cast<int>(-result);
   recordFailure(std::string(what) + ": " + errnoText(err), isRemoteErrno(err) ? FailureKind::kRemote : FailureKind::kLocal);
+}
+
+void ControlChannel::enableResume(const ResumeOptions& options) {
+  resume_ = options;
+  resumable_ = true;
+  service_ = SessionService::acquire();
+  if (!resume_.acceptor) {
+    watchForClose();
+    std::lock_guard<std::mutex> lock(outputMutex_);
+    cutEvery_ = options.cutEvery;
+    return;
+  }
+  SocketAddress local;
+  local.length = sizeof(local.storage);
+  if (getsockname(fd_.get(), reinterpret_cast<sockaddr*>(&local.storage), &local.length) != 0) {
+    const int err = errno;
+    fail(ncclSystemError, "NET/railnet: getsockname on a control socket failed: %s", errnoText(err).c_str());
+  }
+  const SocketAddress listener = service_->listenerFor(local);
+  service_->addAcceptor(this, resume_.key);
+  FrameHeader session{static_cast<uint8_t>(FrameType::kSession), 0, 0, 0, listener.length};
+  send(&session, sizeof(session), &listener.storage, listener.length);
+  std::lock_guard<std::mutex> lock(outputMutex_);
+  cutEvery_ = options.cutEvery;  // after the session frame: a sender that never learns it cannot re-make anything
+}
+
+void ControlChannel::watchForClose() {
+  Fd duplicate(fcntl(fd_.get(), F_DUPFD_CLOEXEC, 0));
+  if (duplicate.valid()) service_->watch(this, std::move(duplicate));
 }
 
 void ControlChannel::send(const void* first, size_t firstSize, const void* second, size_t secondSize) {
@@ -46,6 +91,35 @@ void ControlChannel::send(const void* first, size_t firstSize, const void* secon
 
 void ControlChannel::sendVector(const iovec* pieces, int count) {
   std::lock_guard<std::mutex> lock(outputMutex_);
+  if (resumable_) {
+    std::string why;
+    const int frames = log_.append(pieces, count, &why);
+    if (frames < 0) {
+      recordFailure(why, FailureKind::kLocal);
+      return;
+    }
+    if (broken() || failed()) return;  // the log has them; a re-made socket carries them
+    framesSinceCut_ += static_cast<uint32_t>(frames);
+    if (cutEvery_ != 0 && framesSinceCut_ >= cutEvery_) {
+      // Test feature: half of these bytes leave, then the socket is cut, as a failing path would leave it.
+      framesSinceCut_ = 0;
+      size_t total = 0;
+      for (int i = 0; i < count; ++i) total += pieces[i].iov_len;
+      size_t half = total / 2;
+      for (int i = 0; i < count && half > 0 && outputSent_ == output_.size(); ++i) {
+        const size_t take = std::min(half, pieces[i].iov_len);
+        (void)writeSome(fd_.get(), pieces[i].iov_base, take);
+        half -= take;
+      }
+      (void)shutdown(fd_.get(), SHUT_RDWR);
+      lostLocked("cut by RAILNET_FAULT_CONTROL_CUT (a test feature)", FailureKind::kRemote);
+      return;
+    }
+  }
+  writeLocked(pieces, count);
+}
+
+void ControlChannel::writeLocked(const iovec* pieces, int count) {
   size_t done = 0;
   if (outputSent_ == output_.size() && !failed()) {
     // Nothing queued: write directly, so an inline message costs one syscall and no copy.
@@ -55,7 +129,8 @@ void ControlChannel::sendVector(const iovec* pieces, int count) {
     std::copy(pieces, pieces + count, iov);
     const ssize_t sent = writeVector(fd_.get(), iov, count);
     if (sent < 0) {
-      recordSocketFailure("control connection", sent);
+      const int err = static_cast<int>(-sent);
+      lostLocked("control connection: " + errnoText(err), isRemoteErrno(err) ? FailureKind::kRemote : FailureKind::kLocal);
       return;
     }
     done = static_cast<size_t>(sent);
@@ -68,8 +143,23 @@ void ControlChannel::sendVector(const iovec* pieces, int count) {
   }
 }
 
+void ControlChannel::dropInput() {
+  inputBegin_ = inputEnd_ = 0;
+  lastReadFilled_ = false;
+}
+
 ssize_t ControlChannel::read() {
   constexpr size_t kInputBytes = 64 * 1024;
+  if (resumable_) {
+    retired_.clear();  // sockets replaced since the last read: nobody reads them any more
+    const int64_t deadline = deadlineNs_.load(std::memory_order_acquire);
+    if (broken() && deadline != 0 && steadyNs(std::chrono::steady_clock::now()) > deadline && !failed()) {
+      std::lock_guard<std::mutex> lock(outputMutex_);
+      recordFailure(textf("the control connection broke (%s) and was not re-made within RAILNET_FAILOVER_RESUME_MS "
+                          "(%lld ms)", lossWhy_.c_str(), static_cast<long long>(resume_.limit.count())));
+    }
+    if (frozen_ || failed()) return 0;
+  }
   if (input_.empty()) input_.resize(kInputBytes);
   if (inputBegin_ == inputEnd_) {
     inputBegin_ = inputEnd_ = 0;
@@ -80,9 +170,14 @@ ssize_t ControlChannel::read() {
     inputBegin_ = 0;
   }
   size_t room = input_.size() - inputEnd_;
-  ssize_t got = readSome(fd_.get(), input_.data() + inputEnd_, room);
+  ssize_t got = readSome(fd(), input_.data() + inputEnd_, room);
   lastReadFilled_ = got > 0 && static_cast<size_t>(got) == room;
   if (got > 0) inputEnd_ += static_cast<size_t>(got);
+  if (got < 0 && resumable_) {
+    lost(got == kEndOfStream ? std::string("the peer closed the control connection")
+                             : "control connection: " + errnoText(static_cast<int>(-got)));
+    return 0;
+  }
   return got;
 }
 
@@ -90,12 +185,18 @@ void ControlChannel::consume(size_t bytes) { inputBegin_ += bytes; }
 
 bool ControlChannel::flush() {
   std::lock_guard<std::mutex> lock(outputMutex_);
+  return flushLocked();
+}
+
+bool ControlChannel::flushLocked() {
+  if (broken()) return !failed();  // a re-made socket carries the log
   while (outputSent_ < output_.size()) {
     ssize_t sent = writeSome(fd_.get(), output_.data() + outputSent_, output_.size() - outputSent_);
     if (sent == 0) return true;
     if (sent < 0) {
-      recordSocketFailure("control connection", sent);
-      return false;
+      const int err = static_cast<int>(-sent);
+      return lostLocked("control connection: " + errnoText(err),
+                        isRemoteErrno(err) ? FailureKind::kRemote : FailureKind::kLocal);
     }
     outputSent_ += static_cast<size_t>(sent);
   }
@@ -110,14 +211,134 @@ bool ControlChannel::drain(std::chrono::milliseconds limit) {
     {
       std::lock_guard<std::mutex> lock(outputMutex_);
       if (output_.empty()) return true;
+      if (broken()) return false;
     }
     const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
     if (left.count() <= 0) return false;
-    pollfd writable{fd_.get(), POLLOUT, 0};
+    pollfd writable{fd(), POLLOUT, 0};
     (void)poll(&writable, 1, static_cast<int>(left.count()));
   }
   return false;
 }
+
+void ControlChannel::framesProcessed(uint32_t count) {
+  processed_ += count;
+  if (processed_ - acknowledgedUpTo_ < kAcknowledgeEvery) return;
+  acknowledgedUpTo_ = processed_;
+  const FrameHeader ack{static_cast<uint8_t>(FrameType::kAck), 0, 0, 0, processed_};
+  const iovec piece{const_cast<FrameHeader*>(&ack), sizeof(ack)};
+  std::lock_guard<std::mutex> lock(outputMutex_);
+  if (!broken() && !failed()) writeLocked(&piece, 1);  // not logged: a re-made socket's resume carries the count
+}
+
+bool ControlChannel::acknowledged(uint32_t processed) {
+  std::lock_guard<std::mutex> lock(outputMutex_);
+  if (log_.acknowledge(processed)) return true;
+  recordFailure(textf("protocol error: the peer acknowledged control frames up to %u, but %u..%u were sent", processed,
+                      log_.first(), log_.next()));
+  return false;
+}
+
+bool ControlChannel::sessionListener(const char* address, size_t size) {
+  SocketAddress target;
+  if (size > sizeof(target.storage) || size < sizeof(sa_family_t)) {
+    recordFailure("protocol error: a session frame of " + std::to_string(size) + " bytes");
+    return false;
+  }
+  memcpy(&target.storage, address, size);
+  target.length = static_cast<socklen_t>(size);
+  std::lock_guard<std::mutex> lock(outputMutex_);
+  resumeTarget_ = target;
+  // Broken before the frame was read (it was still in the old socket's buffer): re-make the socket now.
+  if (broken()) {
+    service_->reconnect(this, ReconnectPlan{resume_.key, resumeTarget_, resume_.local, resume_.stream,
+                                            brokenSince_ + resume_.limit});
+  }
+  return true;
+}
+
+bool ControlChannel::lost(const std::string& why, FailureKind kind) {
+  std::lock_guard<std::mutex> lock(outputMutex_);
+  return lostLocked(why, kind);
+}
+
+bool ControlChannel::lostLocked(const std::string& why, FailureKind kind) {
+  if (!resumable_ || failed()) {
+    recordFailure(why, kind);
+    return false;
+  }
+  if (broken()) return true;
+  const auto now = std::chrono::steady_clock::now();
+  brokenSince_ = now;
+  lossWhy_ = why;
+  deadlineNs_.store(steadyNs(now + resume_.limit), std::memory_order_release);
+  broken_.store(true, std::memory_order_release);
+  // The sending side re-makes it, once it knows where to: the receiver's kSession frame may still be in the old
+  // socket's buffer, and sessionListener() starts the attempt then (or read() fails the channel at the deadline).
+  if (resume_.acceptor || resumeTarget_.length == 0) return true;
+  ReconnectPlan plan{resume_.key, resumeTarget_, resume_.local, resume_.stream, now + resume_.limit};
+  service_->reconnect(this, plan);
+  return true;
+}
+
+uint32_t ControlChannel::freezeInput() noexcept {
+  std::lock_guard<std::mutex> lock(inputMutex_);
+  frozen_ = true;
+  dropInput();
+  return processed_;
+}
+
+void ControlChannel::resumed(Fd socket, uint32_t peerProcessed) noexcept {
+  try {
+    std::scoped_lock lock(inputMutex_, outputMutex_);
+    if (failed()) return;
+    configureStream(socket.get(), resume_.stream);
+    std::vector<char> out;
+    if (resume_.acceptor) {
+      const FrameHeader answer{static_cast<uint8_t>(FrameType::kResume), 0, 0, 0, processed_};
+      const char* bytes = reinterpret_cast<const char*>(&answer);
+      out.insert(out.end(), bytes, bytes + sizeof(answer));
+    }
+    const uint32_t logged = log_.next() - log_.first();
+    if (!log_.replayFrom(peerProcessed, &out)) {
+      recordFailure(textf("cannot resume the control connection: the peer processed %u of our frames, but frames "
+                          "%u..%u are all this side still has", peerProcessed, log_.first(), log_.next()));
+      return;
+    }
+    const uint32_t again = log_.next() - peerProcessed;
+    log_.acknowledge(peerProcessed);
+    retired_.push_back(std::move(fd_));
+    fd_ = std::move(socket);
+    readFd_.store(fd_.get(), std::memory_order_release);
+    dropInput();
+    frozen_ = false;
+    ++inputGeneration_;
+    acknowledgedUpTo_ = processed_;
+    output_ = std::move(out);
+    outputSent_ = 0;
+    const double tookMs = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - brokenSince_).count();
+    const bool wasBroken = broken();
+    broken_.store(false, std::memory_order_release);
+    deadlineNs_.store(0, std::memory_order_release);
+    const uint64_t count = resumes_.fetch_add(1, std::memory_order_relaxed) + 1;
+    const std::string what = wasBroken ? textf("broke (%s); re-made %.1f ms later", lossWhy_.c_str(), tookMs)
+                                       : std::string("was re-made by the peer");
+    RN_WARN("NET/railnet: %s connection with %s: the control connection %s (resume %llu); %u of %u unacknowledged "
+            "frames sent again", direction_, peerName_.c_str(), what.c_str(), static_cast<unsigned long long>(count),
+            again, logged);
+    if (!resume_.acceptor) watchForClose();
+    flushLocked();
+  } catch (const std::exception& error) {
+    recordFailure(std::string("re-making the control connection: ") + error.what(), FailureKind::kLocal);
+  }
+}
+
+void ControlChannel::resumeFailed(const std::string& why) noexcept {
+  std::lock_guard<std::mutex> lock(outputMutex_);
+  recordFailure("the control connection broke (" + lossWhy_ + ") and could not be re-made: " + why);
+}
+
+void ControlChannel::peerClosed() noexcept { lost("the peer closed the control connection"); }
 
 void ControlChannel::recordFailure(const std::string& why, FailureKind kind) {
   {

@@ -2,17 +2,24 @@
 // its data. It carries the handshake's follow-up (verbs QP records), clear-to-sends and inline messages (TCP),
 // oversize notices (both), and its end-of-stream is the quickest sign that the peer process is gone. It also
 // holds the connection's first failure, which every later call reports.
+// A resumable channel (TCP with RAILNET_FAILOVER, wire.h kFeatureResume) outlives its socket: frames are numbered
+// and kept in a replay log until the peer acknowledges them; when the socket breaks, the sending side re-makes it
+// through the SessionService, each side sends again what the other has not processed, and the connection fails
+// only when no socket is re-made within RAILNET_FAILOVER_RESUME_MS (docs/failover.md, "The session layer").
 #pragma once
 
 #include <sys/uio.h>
 
 #include <atomic>
 #include <chrono>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <vector>
 
 #include "proxy/nic_counters.h"
+#include "proxy/protocol/replay_log.h"
+#include "proxy/protocol/session_service.h"
 #include "proxy/protocol/socket.h"
 #include "proxy/protocol/wire.h"
 #include "railnet/nccl/common.h"
@@ -28,13 +35,25 @@ enum class FailureKind { kRemote, kLocal };
 // errno values that mean the peer or the network, not this host.
 bool isRemoteErrno(int err);
 
-class ControlChannel {
+// How a resumable channel re-makes its socket.
+struct ResumeOptions {
+  bool acceptor = false;  // the receiving side, which accepted the connection (else the sending side re-makes it)
+  SessionKey key;
+  SocketAddress local;  // sending side: where a re-made socket leaves from (length 0: any)
+  StreamOptions stream;
+  std::chrono::milliseconds limit{2000};  // a broken socket not re-made within this fails the connection
+  uint32_t cutEvery = 0;  // test feature (RAILNET_FAULT_CONTROL_CUT): cut the socket in every this-many-th frame
+};
+
+class ControlChannel final : private ResumeEndpoint {
  public:
   ControlChannel(Fd fd, const SocketAddress& peer, const char* direction);
+  ~ControlChannel();
   ControlChannel(const ControlChannel&) = delete;
   ControlChannel& operator=(const ControlChannel&) = delete;
 
-  int fd() const { return fd_.get(); }
+  // The socket input comes from (replaced when a resumable channel is re-made; read it under the owner's lock).
+  int fd() const { return readFd_.load(std::memory_order_acquire); }
   const std::string& peerName() const { return peerName_; }
   const char* direction() const { return direction_; }
   // The NIC whose traffic counters inline payload is added to (nullptr: not counted).
@@ -54,7 +73,30 @@ class ControlChannel {
   // (done frames the sender's last sends wait for). True when everything left.
   bool drain(std::chrono::milliseconds limit);
 
-  // Input, caller holds the owner's lock. Bytes are read in large gulps into a staging buffer, so a frame and
+  // ---- resumable channels ----
+  // Numbers frames from here on; the receiving side sends its kSession frame. Call once, before any frame.
+  void enableResume(const ResumeOptions& options);
+  bool resumable() const { return resumable_; }
+  // The reader holds this while it reads and processes frames, so a re-made socket replaces the old one between
+  // frames, never inside one.
+  std::unique_lock<std::mutex> lockInput() { return std::unique_lock<std::mutex>(inputMutex_); }
+  // Changes when the socket was replaced: the reader drops the state of a frame it had begun (it comes again).
+  // Under lockInput().
+  uint64_t inputGeneration() const { return inputGeneration_; }
+  // The reader processed `count` numbered frames (under lockInput()); acknowledges them now and then.
+  void framesProcessed(uint32_t count);
+  // The peer's kAck: it processed our frames before `processed`. False on a count out of range (failure recorded).
+  bool acknowledged(uint32_t processed);
+  // The sending side's kSession frame: the receiver's session listener, `size` bytes of a sockaddr.
+  bool sessionListener(const char* address, size_t size);
+  // The socket failed under the reader (under lockInput()) or a writer. Resumable: the channel waits for a re-made
+  // socket (the sending side asks for one) and true is returned; else the failure is recorded, false returned.
+  bool lost(const std::string& why, FailureKind kind = FailureKind::kRemote);
+  // A resumable channel whose socket is broken and not yet re-made.
+  bool broken() const { return broken_.load(std::memory_order_acquire); }
+  uint64_t resumes() const { return resumes_.load(std::memory_order_relaxed); }
+
+  // Input, caller holds the owner's lock (and lockInput() on a resumable channel). Bytes are read in large gulps into a staging buffer, so a frame and
   // its payload usually cost one recv(), and a short read tells that the socket is drained. read() returns bytes
   // added (>0), 0 when nothing was waiting, kEndOfStream, or -errno.
   ssize_t read();
@@ -63,6 +105,7 @@ class ControlChannel {
   void consume(size_t bytes);
   // True when the last read() filled the buffer, so more may be waiting in the socket.
   bool mayHaveMore() const { return lastReadFilled_; }
+  // A resumable channel's read() never returns kEndOfStream or an error: it reports the loss (lost()) and returns 0.
 
   // The first failure wins. Recording is silent: a peer that closes after everything completed is no error.
   void recordFailure(const std::string& why, FailureKind kind = FailureKind::kRemote);
@@ -75,10 +118,43 @@ class ControlChannel {
   std::string failure() const;
 
  private:
-  Fd fd_;
+  // ResumeEndpoint, from the session service's thread.
+  uint32_t freezeInput() noexcept override;
+  void resumed(Fd socket, uint32_t peerProcessed) noexcept override;
+  void resumeFailed(const std::string& why) noexcept override;
+  void peerClosed() noexcept override;
+
+  bool lostLocked(const std::string& why, FailureKind kind);  // holds outputMutex_
+  void writeLocked(const iovec* pieces, int count);           // holds outputMutex_; queues what the socket refuses
+  bool flushLocked();                                          // holds outputMutex_
+  void dropInput();                                            // holds inputMutex_
+  void watchForClose();                                        // sending side: the service watches a duplicate
+
+  Fd fd_;  // guarded by outputMutex_ (replaced under inputMutex_ too)
+  std::atomic<int> readFd_;
+  std::vector<Fd> retired_;  // replaced sockets, closed by the reader (guarded by both mutexes)
   std::string peerName_;
   const char* direction_;
   NicCounters* counters_ = nullptr;
+
+  // Resumable channels (set once by enableResume).
+  bool resumable_ = false;
+  ResumeOptions resume_;
+  std::shared_ptr<SessionService> service_;
+  std::mutex inputMutex_;
+  uint32_t processed_ = 0;        // guarded by inputMutex_: the peer's numbered frames processed
+  uint32_t acknowledgedUpTo_ = 0;  // guarded by inputMutex_: the count last sent in a kAck
+  bool frozen_ = false;           // guarded by inputMutex_: no input taken until the socket is replaced
+  uint64_t inputGeneration_ = 0;  // guarded by inputMutex_
+  ReplayLog log_;                 // guarded by outputMutex_
+  uint32_t cutEvery_ = 0;         // guarded by outputMutex_: RAILNET_FAULT_CONTROL_CUT, once enableResume is done
+  uint32_t framesSinceCut_ = 0;   // guarded by outputMutex_
+  SocketAddress resumeTarget_;    // guarded by outputMutex_: the receiver's session listener (sending side)
+  std::string lossWhy_;           // guarded by outputMutex_
+  std::atomic<bool> broken_{false};
+  std::chrono::steady_clock::time_point brokenSince_{};  // guarded by outputMutex_
+  std::atomic<int64_t> deadlineNs_{0};  // the broken socket's deadline (steady clock ns); read lock-free by read()
+  std::atomic<uint64_t> resumes_{0};
 
   std::mutex outputMutex_;
   std::vector<char> output_;  // guarded by outputMutex_

@@ -44,6 +44,7 @@ std::unique_ptr<PendingConnect> startConnection(const Handle& handle, const Conn
       options.nics.empty() ? std::vector<LocalNic>{LocalNic{SocketAddress{}, options.railId}} : options.nics;
   uint64_t connectionId;
   randomBytes(&connectionId, sizeof(connectionId));
+  pending->peer.session = SessionKey{connectionId, {handle.secret[0], handle.secret[1]}};
   int streams = dataStreamCount(options);
   for (int i = 0; i <= streams; ++i) {
     // Control: NIC 0 to the first address; data stream s: NIC s % local to address s % remote.
@@ -268,6 +269,7 @@ bool HandshakeListener::readHello(Arrival& arrival) {
     group.peer.controlRail = arrival.hello.railId;
     group.peer.nicCount = std::max<int>(1, arrival.hello.nicCount);
     group.peer.features = arrival.hello.features;
+    group.peer.session = SessionKey{arrival.hello.connectionId, {secret_[0], secret_[1]}};
   } else {
     group.peer.dataRails[arrival.hello.streamIndex] = arrival.hello.railId;
   }

@@ -11,6 +11,7 @@
 #include <memory>
 #include <vector>
 
+#include "proxy/protocol/session_service.h"
 #include "proxy/protocol/socket.h"
 #include "proxy/protocol/wire.h"
 #include "proxy/transport.h"
@@ -30,6 +31,7 @@ struct PeerInfo {
   std::vector<int16_t> dataRails;  // the same per data stream
   int nicCount = 1;                // the peer device's ConnectOptions::nicCount (at least 1)
   uint32_t features = 0;           // what the connecting peer asked (Hello::features, kFeature*)
+  SessionKey session;              // the connection's id and its listen handle's secret (resumable channels)
 };
 // What a transport builds once all sockets of a connection are there: the TCP transport moves its data over
 // them; the verbs transport keeps only the control socket, for its QP records and oversize notices.

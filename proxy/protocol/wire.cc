@@ -13,14 +13,33 @@ const char* validateHello(const Hello& hello, const uint64_t secret[2]) {
   if (hello.version != kWireVersion) return "railnet wire version mismatch";
   if (hello.secret[0] != secret[0] || hello.secret[1] != secret[1]) return "wrong secret for this listener";
   if (hello.role != static_cast<uint16_t>(StreamRole::kControl) && hello.role != static_cast<uint16_t>(StreamRole::kData)) {
-    return "unknown stream role";
+    return hello.role == static_cast<uint16_t>(StreamRole::kResume)
+               ? "a re-made control socket sent to a listen comm (it belongs to the session listener)"
+               : "unknown stream role";
   }
   if (hello.streamCount > kMaxStreams) return "stream count out of range";
-  if ((hello.features & ~kKnownFeatures) != 0 || hello.reserved != 0) return "unknown features asked";
+  if ((hello.features & ~kKnownFeatures) != 0 || hello.resumeProcessed != 0) return "unknown features asked";
   if (hello.role == static_cast<uint16_t>(StreamRole::kData) && hello.streamIndex >= hello.streamCount) {
     return "stream index out of range";
   }
   return nullptr;
+}
+
+uint64_t frameLength(const FrameHeader& header) {
+  switch (static_cast<FrameType>(header.type)) {
+    case FrameType::kClearToSend:
+      return sizeof(FrameHeader) + uint64_t{header.slot} * sizeof(ClearToSendEntry) +
+             uint64_t{header.slot} * header.extraKeys * sizeof(uint32_t);
+    case FrameType::kInline:
+    case FrameType::kSession:
+      return sizeof(FrameHeader) + header.size;
+    case FrameType::kOversize:
+    case FrameType::kDone:
+    case FrameType::kAck:
+    case FrameType::kResume:
+      return sizeof(FrameHeader);
+  }
+  return 0;
 }
 
 uint64_t chunkSizeFor(uint64_t size, int streams, uint64_t minChunk) {

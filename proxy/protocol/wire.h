@@ -15,7 +15,7 @@ namespace railnet::protocol {
 
 constexpr uint32_t kHandleMagic = 0x43544e52;  // "RNTC"
 constexpr uint32_t kHelloMagic = 0x4c484e52;   // "RNHL"
-constexpr uint16_t kWireVersion = 2;  // 2: Hello::features, FrameType::kDone
+constexpr uint16_t kWireVersion = 3;  // 2: Hello::features, FrameType::kDone; 3: resumable control (kFeatureResume)
 constexpr int kMaxStreams = 64;
 constexpr int kMaxRecvs = 8;
 constexpr int kMaxKeysPerBuffer = 8;  // rkeys per clear-to-send buffer: one per verbs path
@@ -66,7 +66,9 @@ void writeHandleAddresses(Handle* handle, const std::vector<ListenAddress>& addr
 // The listening addresses a handle names (at least one). Throws ncclInvalidUsage on a malformed handle.
 std::vector<ListenAddress> handleAddresses(const Handle& handle);
 
-enum class StreamRole : uint16_t { kControl = 0, kData = 1 };
+// kResume: a control socket re-made for a connection whose control socket broke (docs/failover.md, "The session
+// layer"); it goes to the receiving side's session listener (SessionService), never to a listen comm.
+enum class StreamRole : uint16_t { kControl = 0, kData = 1, kResume = 2 };
 
 // First bytes on every socket, client to server.
 struct Hello {
@@ -80,22 +82,32 @@ struct Hello {
   int16_t railId;         // sender's rail, for telemetry
   uint16_t nicCount;      // control socket: ConnectOptions::nicCount of the connecting device (0 means 1)
   uint32_t features;      // control socket: what the connecting (sending) side asks of the receiver (kFeature*)
-  uint32_t reserved;      // 0
+  uint32_t resumeProcessed;  // kResume: control frames of the other side the connecting side has processed (mod
+                             // 2^32), so the other side sends again exactly the ones after them; else 0
 };
 static_assert(sizeof(Hello) == 48);
 
 // Hello::features. kFeatureDeliveredCompletion: the receiver sends a kDone frame when a buffer that data-stream
 // chunks fill has all its bytes, and the sender completes that send on it (RAILNET_SEND_COMPLETION=delivered;
 // docs/failover.md). Inline sends complete at once: their bytes are copied.
+// kFeatureResume: control frames are numbered and kept until acknowledged, so a broken control socket is re-made
+// and what the other side lacks is sent again (RAILNET_FAILOVER; docs/failover.md). The receiver answers with a
+// kSession frame naming where a re-made control socket goes.
 inline constexpr uint32_t kFeatureDeliveredCompletion = 1;
-inline constexpr uint32_t kKnownFeatures = kFeatureDeliveredCompletion;
+inline constexpr uint32_t kFeatureResume = 2;
+inline constexpr uint32_t kKnownFeatures = kFeatureDeliveredCompletion | kFeatureResume;
 
 // Checks a hello against the listener's secret; returns nullptr when valid, else why not.
 const char* validateHello(const Hello& hello, const uint64_t secret[2]);
 
 // Control frames. Receiver -> sender: kClearToSend, kDone (only when the sender asked: kFeatureDeliveredCompletion).
-// Sender -> receiver: kInline, kOversize.
-enum class FrameType : uint8_t { kClearToSend = 1, kInline = 2, kOversize = 3, kDone = 4 };
+// Sender -> receiver: kInline, kOversize. With kFeatureResume, both ways: kAck (size: frames of the other side
+// processed so far, mod 2^32), kResume (the first frame on a re-made control socket, from the side that accepted
+// it; size: its processed count), and receiver -> sender kSession (size: bytes of a sockaddr that follow, the
+// receiver's session listener). kAck and kResume are not numbered; every other frame is, in sending order from 0.
+enum class FrameType : uint8_t {
+  kClearToSend = 1, kInline = 2, kOversize = 3, kDone = 4, kAck = 5, kResume = 6, kSession = 7
+};
 
 struct FrameHeader {
   uint8_t type;    // FrameType
@@ -117,6 +129,13 @@ struct ClearToSendEntry {
   uint64_t address;
 };
 static_assert(sizeof(ClearToSendEntry) == 24);
+
+// The whole length of the frame `header` starts (header and what follows it), or 0 for an unknown type.
+uint64_t frameLength(const FrameHeader& header);
+// Frames the replay log keeps and the receiver counts: all but kAck and kResume.
+inline bool numberedFrame(uint8_t type) {
+  return type != static_cast<uint8_t>(FrameType::kAck) && type != static_cast<uint8_t>(FrameType::kResume);
+}
 
 // In front of every chunk on a data stream; chunks are self-describing, so any stream may carry any chunk.
 struct ChunkHeader {

@@ -24,13 +24,14 @@ constexpr std::chrono::milliseconds kDoneDrainLimit{1000};
 }  // namespace
 
 TcpRecvComm::TcpRecvComm(Fd control, std::vector<Fd> data, const protocol::SocketAddress& peer,
-                         const NicLayout& layout, bool sendDoneFrames)
+                         const NicLayout& layout, bool sendDoneFrames, const protocol::ResumeOptions* resume)
     : control_(std::move(control), peer, "receive"),
       sendDoneFrames_(sendDoneFrames),
       landing_(stagingSlots(), stagingPieceBytes()),
       streams_(std::move(data)),
       openStreams_(0) {
   if (!layout.nics.empty()) control_.setCounters(layout.nics[0]);
+  if (resume != nullptr) control_.enableResume(*resume);
   streams_.setCounters(layout);
   ring_.prepare([this](RecvRequest& entry) { entry.setOwner(this); });
   // Counted before the helpers get the streams: a peer that died before this accept has each stream's end of
@@ -106,8 +107,14 @@ ncclResult_t TcpRecvComm::iflush(int, void**, const int*, MemoryRegion**, Reques
 }
 
 bool TcpRecvComm::startFrame() {
+  if (frame_.type == static_cast<uint8_t>(FrameType::kAck) && control_.resumable()) {
+    return control_.acknowledged(static_cast<uint32_t>(frame_.size));
+  }
   if (frame_.type == static_cast<uint8_t>(FrameType::kOversize)) {
-    if (ring_.applyOversize(frame_, control_.peerName())) return true;
+    if (ring_.applyOversize(frame_, control_.peerName())) {
+      if (control_.resumable()) control_.framesProcessed(1);
+      return true;
+    }
   }
   RecvRequest* request = ring_.find(frame_.recvId, frame_.slot);
   if (request == nullptr) {
@@ -125,6 +132,7 @@ bool TcpRecvComm::startFrame() {
   }
   if (frame_.size == 0) {
     Ring::completeBuffer(*request, frame_.slot, 0);
+    if (control_.resumable()) control_.framesProcessed(1);
     return true;
   }
   inInline_ = true;
@@ -137,6 +145,7 @@ void TcpRecvComm::finishInline() {
   inInline_ = false;
   if (NicCounters* counters = control_.counters()) counters->addReceived(frame_.size);
   Ring::completeBuffer(*ring_.find(frame_.recvId, frame_.slot), frame_.slot, frame_.size);
+  if (control_.resumable()) control_.framesProcessed(1);
 }
 
 bool TcpRecvComm::consumeBuffered() {
@@ -159,6 +168,14 @@ bool TcpRecvComm::consumeBuffered() {
 
 void TcpRecvComm::pumpControl() {
   if (!control_.flush() || controlClosed_.load(std::memory_order_relaxed)) return;
+  std::unique_lock<std::mutex> input = control_.lockInput();
+  if (control_.inputGeneration() != inputGeneration_) {
+    // The socket was re-made: a frame begun on the old one comes again whole.
+    inputGeneration_ = control_.inputGeneration();
+    inInline_ = false;
+    inlineLeft_ = 0;
+    inlineDestination_ = nullptr;
+  }
   // Big inline payloads are read straight into their buffer rather than through the staging buffer.
   constexpr uint64_t kDirectRead = 16 * 1024;
   for (;;) {
@@ -168,6 +185,11 @@ void TcpRecvComm::pumpControl() {
     ssize_t got = direct ? protocol::readSome(control_.fd(), inlineDestination_ + (frame_.size - inlineLeft_), wanted)
                          : control_.read();
     if (got == 0) return;
+    if (got < 0 && control_.resumable()) {  // a direct read's: the channel's own read() reports losses itself
+      control_.lost(got == kEndOfStream ? std::string("the peer closed the control connection")
+                                        : "control connection: " + errnoText(static_cast<int>(-got)));
+      return;
+    }
     if (got == kEndOfStream) {
       // Not an error yet: chunks already on the data streams may still complete the posted receives.
       controlClosed_.store(true, std::memory_order_release);
@@ -192,7 +214,8 @@ void TcpRecvComm::pumpControl() {
 bool TcpRecvComm::peerGone() const {
   // Failed for a reason other than a clean close, or closed with nothing left on any stream.
   return control_.failed() ||
-         (controlClosed_.load(std::memory_order_acquire) && openStreams_.load(std::memory_order_acquire) == 0);
+         ((controlClosed_.load(std::memory_order_acquire) || control_.broken()) &&
+          openStreams_.load(std::memory_order_acquire) == 0);
 }
 
 ncclResult_t TcpRecvComm::testRequest(RecvRequest* request, int* done, int* sizes) noexcept {

@@ -37,8 +37,9 @@ class TcpRecvComm final : public RecvComm, private StreamOwner, private progress
  public:
   // sendDoneFrames: the sender asked for delivered completion (wire.h kFeatureDeliveredCompletion): each buffer
   // completed by data-stream chunks sends it a done frame.
+  // resume: the sender asked for a resumable control channel (wire.h kFeatureResume).
   TcpRecvComm(Fd control, std::vector<Fd> data, const protocol::SocketAddress& peer, const NicLayout& layout = {},
-              bool sendDoneFrames = false);
+              bool sendDoneFrames = false, const protocol::ResumeOptions* resume = nullptr);
   ~TcpRecvComm() override;
 
   ncclResult_t irecv(int n, void** data, const size_t* sizes, const int* tags, MemoryRegion** mrs,
@@ -90,6 +91,7 @@ class TcpRecvComm final : public RecvComm, private StreamOwner, private progress
   char* inlineDestination_ = nullptr;
   uint64_t inlineLeft_ = 0;
   bool inInline_ = false;
+  uint64_t inputGeneration_ = 0;  // guarded by mutex_: the control channel's, when frame_ was begun
   std::atomic<bool> controlClosed_{false};
   std::atomic<int> openStreams_;
   struct CopyingUp {

@@ -32,7 +32,8 @@ constexpr uint64_t kStealBacklog = 1 << 20;
 constexpr std::chrono::microseconds kDonePollInterval{5};
 }  // namespace
 
-TcpSendComm::TcpSendComm(Fd control, std::vector<Fd> data, const protocol::SocketAddress& peer, NicLayout layout)
+TcpSendComm::TcpSendComm(Fd control, std::vector<Fd> data, const protocol::SocketAddress& peer, NicLayout layout,
+                         const protocol::ResumeOptions* resume)
     : control_(std::move(control), peer, "send"),
       streams_(std::move(data)),
       delivered_(settings().sendCompletion == SendCompletion::kDelivered),
@@ -43,6 +44,7 @@ TcpSendComm::TcpSendComm(Fd control, std::vector<Fd> data, const protocol::Socke
   inlineBytes_ = static_cast<uint64_t>(config.tcpInlineBytes);      // >= 0 (settings table)
   minChunkBytes_ = static_cast<uint64_t>(config.tcpMinChunkBytes);  // >= 4096 (settings table)
   if (!layout.nics.empty()) control_.setCounters(layout.nics[0]);
+  if (resume != nullptr) control_.enableResume(*resume);
   if (!layout.shaping.empty()) controlShaping_ = layout.shaping[0];
   streams_.setCounters(layout);
   nics_ = std::clamp(static_cast<int>(layout.nics.size()), 1, std::max(1, streams_.count()));
@@ -70,6 +72,8 @@ MemoryRegistrar& TcpSendComm::registrar() noexcept { return staging_; }
 
 void TcpSendComm::pumpControl() {
   if (!control_.flush()) return;
+  // A resumable channel's read() reports a broken socket itself (it is re-made) and returns 0.
+  std::unique_lock<std::mutex> input = control_.lockInput();
   for (;;) {
     ssize_t got = control_.read();
     if (got == kEndOfStream) {
@@ -87,12 +91,19 @@ void TcpSendComm::pumpControl() {
 bool TcpSendComm::parseClearToSends() {
   std::string why;
   done_.clear();
-  long used = posted_.parse(control_.data(), control_.size(), &why, delivered_ ? &done_ : nullptr);
+  events_ = protocol::ControlEvents{};
+  events_.done = delivered_ ? &done_ : nullptr;
+  events_.resumable = control_.resumable();
+  long used = posted_.parse(control_.data(), control_.size(), &why, &events_);
   if (used < 0) {
     control_.recordFailure(why);
     return false;
   }
   control_.consume(static_cast<size_t>(used));
+  if (events_.acknowledged && !control_.acknowledged(*events_.acknowledged)) return false;
+  if (!events_.session.empty() && !control_.sessionListener(events_.session.data(), events_.session.size())) {
+    return false;
+  }
   for (const protocol::DoneFrame& delivered : done_) {
     // The send into buffer `slot` of receive `recvId` has all its bytes at the receiver.
     bool matched = false;
@@ -109,6 +120,7 @@ bool TcpSendComm::parseClearToSends() {
       return false;
     }
   }
+  if (control_.resumable()) control_.framesProcessed(events_.numbered);
   return true;
 }
 

@@ -43,7 +43,9 @@ class SendRequest final : public protocol::CommRequest<TcpSendComm, SendRequest>
 
 class TcpSendComm final : public SendComm, private StreamOwner, private progress::Watched {
  public:
-  TcpSendComm(Fd control, std::vector<Fd> data, const protocol::SocketAddress& peer, NicLayout layout = {});
+  // resume: the control channel survives a broken socket (RAILNET_FAILOVER; protocol/control_channel.h).
+  TcpSendComm(Fd control, std::vector<Fd> data, const protocol::SocketAddress& peer, NicLayout layout = {},
+              const protocol::ResumeOptions* resume = nullptr);
   ~TcpSendComm() override;
 
   ncclResult_t isend(void* data, size_t size, int tag, MemoryRegion* mr, Request** request) noexcept override;
@@ -116,6 +118,7 @@ class TcpSendComm final : public SendComm, private StreamOwner, private progress
   uint64_t inlineBytes_;
   const bool delivered_;        // RAILNET_SEND_COMPLETION=delivered: sends complete on the receiver's done frames
   std::vector<protocol::DoneFrame> done_;  // guarded by mutex_: parse's scratch
+  protocol::ControlEvents events_;         // guarded by mutex_: parse's scratch
   std::atomic<std::chrono::steady_clock::time_point> lastDonePoll_{};  // test()'s last look for done frames
   shaping::EgressShaping controlShaping_;  // NIC 0's: inline messages wait for it (fabric emulation)
   uint64_t minChunkBytes_;

@@ -211,6 +211,14 @@ class TcpTransport final : public Transport {
     options.railId = nics[0].second;
     // The sending side decides how its sends complete; the receiver learns it from the hello (wire.h).
     options.features = settings().sendCompletion == SendCompletion::kDelivered ? protocol::kFeatureDeliveredCompletion : 0;
+    if (settings().failover != 0) options.features |= protocol::kFeatureResume;
+    // A resumable control channel's re-made socket leaves from NIC 0, as the first one did.
+    protocol::ResumeOptions resume;
+    resume.local = options.nics.empty() ? SocketAddress{} : options.nics[0].bind;
+    resume.stream = options.stream;
+    resume.limit = std::chrono::milliseconds(settings().failoverResumeMs);
+    resume.cutEvery = static_cast<uint32_t>(settings().faultControlCut);
+    const bool sendResumable = settings().failover != 0;
     const uint64_t minStripe = minStripeBytes_;
     // One counted connection per NIC the comm uses; cross-rail when the rail at the other end differs.
     auto layoutFor = [nics, minStripe](const PeerInfo& peer, size_t dataStreams) {
@@ -226,16 +234,22 @@ class TcpTransport final : public Transport {
       }
       return layout;
     };
-    options.makeSendComm = [layoutFor](Fd control, std::vector<Fd> data, const PeerInfo& peer) {
+    options.makeSendComm = [layoutFor, resume, sendResumable](Fd control, std::vector<Fd> data, const PeerInfo& peer) {
       NicLayout layout = layoutFor(peer, data.size());
-      return std::unique_ptr<SendComm>(
-          new TcpSendComm(std::move(control), std::move(data), peer.peer, std::move(layout)));
+      protocol::ResumeOptions session = resume;
+      session.key = peer.session;
+      return std::unique_ptr<SendComm>(new TcpSendComm(std::move(control), std::move(data), peer.peer,
+                                                       std::move(layout), sendResumable ? &session : nullptr));
     };
-    options.makeRecvComm = [layoutFor](Fd control, std::vector<Fd> data, const PeerInfo& peer) {
+    options.makeRecvComm = [layoutFor, resume](Fd control, std::vector<Fd> data, const PeerInfo& peer) {
       NicLayout layout = layoutFor(peer, data.size());
       const bool sendDone = (peer.features & protocol::kFeatureDeliveredCompletion) != 0;
-      return std::unique_ptr<RecvComm>(
-          new TcpRecvComm(std::move(control), std::move(data), peer.peer, layout, sendDone));
+      protocol::ResumeOptions session = resume;
+      session.acceptor = true;
+      session.key = peer.session;
+      const bool resumable = (peer.features & protocol::kFeatureResume) != 0;
+      return std::unique_ptr<RecvComm>(new TcpRecvComm(std::move(control), std::move(data), peer.peer, layout,
+                                                       sendDone, resumable ? &session : nullptr));
     };
     return options;
   }

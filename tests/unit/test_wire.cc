@@ -37,7 +37,8 @@ TEST_CASE("hellos that are wrong in any field are rejected with a reason", "[wir
   SECTION("too many streams") { hello.streamCount = kMaxStreams + 1; }
   SECTION("unknown role") { hello.role = 7; }
   SECTION("a feature this build does not know") { hello.features = kKnownFeatures + 1; }
-  SECTION("reserved bits set") { hello.reserved = 1; }
+  SECTION("a resume count on a first hello") { hello.resumeProcessed = 1; }
+  SECTION("a re-made control socket sent to a listen comm") { hello.role = static_cast<uint16_t>(StreamRole::kResume); }
   const char* why = validateHello(hello, secret);
   REQUIRE(why != nullptr);
   CHECK(std::string(why).size() > 5);
