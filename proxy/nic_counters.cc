@@ -59,7 +59,9 @@ std::vector<NicCounterSnapshot> nicCounterSnapshot() {
                    e.counters.connections.load(std::memory_order_relaxed),
                    e.counters.crossRailConnections.load(std::memory_order_relaxed),
                    e.counters.routedConnections.load(std::memory_order_relaxed),
-                   e.counters.bytesHopped.load(std::memory_order_relaxed)});
+                   e.counters.bytesHopped.load(std::memory_order_relaxed),
+                   e.counters.failures.load(std::memory_order_relaxed),
+                   e.counters.bytesResent.load(std::memory_order_relaxed)});
   }
   return out;
 }
@@ -72,7 +74,10 @@ std::vector<std::string> nicCounterLines() {
                     " B, received " + std::to_string(s.bytesReceived) + " B, " + std::to_string(s.connections) +
                     " connection(s), " + std::to_string(s.crossRailConnections) + " cross-rail, " +
                     std::to_string(s.routedConnections) + " routed here from another rail's device" +
-                    (s.bytesHopped != 0 ? ", " + std::to_string(s.bytesHopped) + " B of them over an NVLink hop" : ""));
+                    (s.bytesHopped != 0 ? ", " + std::to_string(s.bytesHopped) + " B of them over an NVLink hop" : "") +
+                    (s.failures != 0 ? ", failed under " + std::to_string(s.failures) + " connection(s) (" +
+                                           std::to_string(s.bytesResent) + " B sent again over other NICs)"
+                                     : ""));
   }
   return lines;
 }

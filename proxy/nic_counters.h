@@ -18,9 +18,13 @@ struct NicCounters {
   std::atomic<uint64_t> crossRailConnections{0};
   std::atomic<uint64_t> routedConnections{0};  // connections NCCL asked of another rail's device, routed here
   std::atomic<uint64_t> bytesHopped{0};  // sent bytes that crossed NVLink into this NIC's GPU first (verbs hop)
+  std::atomic<uint64_t> failures{0};     // connections whose data streams on this NIC failed (rail failover)
+  std::atomic<uint64_t> bytesResent{0};  // bytes sent again over other NICs after this NIC failed
 
   void addRouted() { routedConnections.fetch_add(1, std::memory_order_relaxed); }
   void addHopped(uint64_t bytes) { bytesHopped.fetch_add(bytes, std::memory_order_relaxed); }
+  void addFailure() { failures.fetch_add(1, std::memory_order_relaxed); }
+  void addResent(uint64_t bytes) { bytesResent.fetch_add(bytes, std::memory_order_relaxed); }
   void addSent(uint64_t bytes) { bytesSent.fetch_add(bytes, std::memory_order_relaxed); }
   void addReceived(uint64_t bytes) { bytesReceived.fetch_add(bytes, std::memory_order_relaxed); }
   // One established connection (either side); railIds use NCCL_NET_ID_UNDEF (-1) when unknown, which never
@@ -42,6 +46,8 @@ struct NicCounterSnapshot {
   uint64_t crossRailConnections;
   uint64_t routedConnections;
   uint64_t bytesHopped;
+  uint64_t failures;
+  uint64_t bytesResent;
 };
 
 // The counters of the NIC named `nic` (created on first use; the reference stays valid for the process's life).

@@ -18,7 +18,7 @@ enum class TransportChoice { kAuto, kTcp, kVerbs };
 // RAILNET_IB_FLUSH: auto (flush receives into GPU memory), 0 (never), 1 (always, host memory too: lets the
 // conformance harness run the real READ on soft-RoCE).
 enum class FlushMode { kAuto, kNever, kAlways };
-enum class SendCompletion { kWritten, kDelivered };
+enum class SendCompletion { kAuto, kWritten, kDelivered };
 // The AF_* value itself, so call sites can pass static_cast<int>(family) to the socket API.
 enum class AddressFamily : int { kAny = AF_UNSPEC, kInet = AF_INET, kInet6 = AF_INET6 };
 
@@ -92,18 +92,27 @@ inline constexpr int64_t kSizeMax = INT64_MAX;
     "each; both ends of a connection must use the same value.")                                                 \
   X(Int, tcpStagingSlots, "RAILNET_TCP_STAGING_SLOTS", 8, (2, 256),                                              \
     "Pinned staging slots of one piece each, per comm that moves GPU memory (rounded down to a power of two).") \
-  X(Enum, sendCompletion, "RAILNET_SEND_COMPLETION", SendCompletion::kWritten,                                  \
-    (SendCompletion, {"written", SendCompletion::kWritten}, {"delivered", SendCompletion::kDelivered}),          \
+  X(Enum, sendCompletion, "RAILNET_SEND_COMPLETION", SendCompletion::kAuto,                                     \
+    (SendCompletion, {"auto", SendCompletion::kAuto}, {"written", SendCompletion::kWritten},                     \
+     {"delivered", SendCompletion::kDelivered}),                                                                 \
     "When a TCP send completes: written (its bytes are in the kernel's socket buffers) or delivered (the "      \
-    "receiver has them all: it sends a done frame per buffer, as rail failover needs; docs/failover.md). "      \
+    "receiver has them all: it sends a done frame per buffer, as rail failover needs; docs/failover.md); auto: " \
+    "delivered on fused devices while RAILNET_FAILOVER=1 (their sends survive a NIC's failure), else written. " \
     "The sending side decides; verbs sends always complete on delivery.")                                        \
   X(Int, failover, "RAILNET_FAILOVER", 1, (0, 1),                                                                \
-    "1: a TCP connection survives a broken control socket: control frames are numbered and kept until "          \
-    "acknowledged, the sending side re-makes the socket and each side sends again what the other lacks "        \
-    "(docs/failover.md); 0: a broken socket fails its connection with ncclRemoteError. The sending side decides.") \
+    "1: a TCP connection survives a broken control socket (control frames are numbered and kept until "          \
+    "acknowledged, the sending side re-makes the socket and each side sends again what the other lacks), and a " \
+    "fused device survives a NIC whose data streams fail (their chunks of sends not yet delivered go again over " \
+    "the other NICs; docs/failover.md); 0: either failure fails the connection with ncclRemoteError. The "        \
+    "sending side decides.")                                                                                     \
   X(Int, failoverResumeMs, "RAILNET_FAILOVER_RESUME_MS", 2000, (10, kIntMax),                                    \
     "A broken control socket that is not re-made within this many ms fails its connection (ncclRemoteError, "   \
     "naming the peer).")                                                                                          \
+  X(Int, faultNicCut, "RAILNET_FAULT_NIC_CUT", -1, (-1, 63),                                                    \
+    "Test feature: a fused TCP device's send comms cut the data streams of their local NIC N (shutdown, both "    \
+    "ways) once RAILNET_FAULT_NIC_CUT_BYTES have been queued on it, as a failing NIC would; -1: off.")            \
+  X(Int, faultNicCutBytes, "RAILNET_FAULT_NIC_CUT_BYTES", 1048576, (0, kSizeMax),                               \
+    "Test feature: bytes queued on RAILNET_FAULT_NIC_CUT's NIC before its streams are cut.")                     \
   X(Int, faultControlCut, "RAILNET_FAULT_CONTROL_CUT", 0, (0, kIntMax),                                         \
     "Test feature: every N-th control frame a resumable TCP connection sends leaves half written and its socket " \
     "is cut (shutdown), to exercise re-making it; 0: off.")                                                     \

@@ -95,7 +95,11 @@ static_assert(sizeof(Hello) == 48);
 // kSession frame naming where a re-made control socket goes.
 inline constexpr uint32_t kFeatureDeliveredCompletion = 1;
 inline constexpr uint32_t kFeatureResume = 2;
-inline constexpr uint32_t kKnownFeatures = kFeatureDeliveredCompletion | kFeatureResume;
+// kFeatureDataFailover (with both above): when a NIC's data streams fail, the sender sends their chunks of sends not
+// yet delivered again over the other NICs; the receiver takes a failed data stream as that, not as the peer's end,
+// and drops chunks of receives it has already finished (copies of chunks that had arrived).
+inline constexpr uint32_t kFeatureDataFailover = 4;
+inline constexpr uint32_t kKnownFeatures = kFeatureDeliveredCompletion | kFeatureResume | kFeatureDataFailover;
 
 // Checks a hello against the listener's secret; returns nullptr when valid, else why not.
 const char* validateHello(const Hello& hello, const uint64_t secret[2]);

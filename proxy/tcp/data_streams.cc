@@ -21,7 +21,7 @@ void DataStreams::setCounters(const NicLayout& layout) {
   for (size_t i = 0; i < pending_.size(); ++i) shaping_.push_back(layout.shaping[i % layout.shaping.size()]);
 }
 
-void DataStreams::start(StreamOwner* owner) {
+void DataStreams::start(StreamOwner* owner, bool releaseOnFailure) {
   started_ = true;
   if (pending_.empty()) return;
   gStarted.fetch_add(1, std::memory_order_relaxed);
@@ -30,6 +30,7 @@ void DataStreams::start(StreamOwner* owner) {
     NicCounters* counters = i < counters_.size() ? counters_[i] : nullptr;
     streams_.push_back(std::make_unique<Stream>(std::move(pending_[i]), owner, static_cast<int>(i), counters,
                                                 i < shaping_.size() ? shaping_[i] : shaping::EgressShaping{}));
+    if (releaseOnFailure) streams_.back()->releaseOnFailure();
   }
   pending_.clear();
   std::vector<int> helpers;

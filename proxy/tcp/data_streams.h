@@ -22,6 +22,7 @@ struct NicLayout {
   std::vector<NicCounters*> nics;  // empty: one NIC, nothing counted
   std::vector<shaping::EgressShaping> shaping;  // per NIC, parallel to nics (empty: unshaped); fabric_shaper.h
   uint64_t minStripeBytes = 0;     // sender of a fused device: planStripes' threshold (protocol/stripe_plan.h)
+  std::vector<std::string> names;  // per NIC, parallel to nics (for failover's WARNs)
 };
 
 class DataStreams {
@@ -33,8 +34,9 @@ class DataStreams {
 
   // Stream s counts on layout.nics[s % nics] and draws from layout.shaping[s % nics]; call before start().
   void setCounters(const NicLayout& layout);
-  // Hands the streams to the progress engine; call once the owner is fully constructed.
-  void start(StreamOwner* owner);
+  // Hands the streams to the progress engine; call once the owner is fully constructed. releaseOnFailure: see
+  // Stream::releaseOnFailure (a sender that sends a failed NIC's chunks again).
+  void start(StreamOwner* owner, bool releaseOnFailure = false);
   // Takes the streams back; after it returns no helper calls the owner.
   void stop();
 

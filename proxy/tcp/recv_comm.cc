@@ -24,9 +24,13 @@ constexpr std::chrono::milliseconds kDoneDrainLimit{1000};
 }  // namespace
 
 TcpRecvComm::TcpRecvComm(Fd control, std::vector<Fd> data, const protocol::SocketAddress& peer,
-                         const NicLayout& layout, bool sendDoneFrames, const protocol::ResumeOptions* resume)
+                         const NicLayout& layout, bool sendDoneFrames, const protocol::ResumeOptions* resume,
+                         bool dataFailover)
     : control_(std::move(control), peer, "receive"),
       sendDoneFrames_(sendDoneFrames),
+      dataFailover_(dataFailover),
+      nics_(std::max<int>(1, static_cast<int>(layout.nics.size()))),
+      nicNames_(layout.names),
       landing_(stagingSlots(), stagingPieceBytes()),
       streams_(std::move(data)),
       openStreams_(0) {
@@ -243,6 +247,8 @@ ncclResult_t TcpRecvComm::testRequest(RecvRequest* request, int* done, int* size
 
 char* TcpRecvComm::resolveChunk(const ChunkHeader& header) noexcept {
   RecvRequest* entry = ring_.find(header.recvId, header.slot);
+  // A copy of a chunk sent again after a NIC failed, for a receive already finished: the original had arrived.
+  if (entry == nullptr && dataFailover_ && (header.flags & kChunkStaged) == 0) return StreamOwner::discard();
   const bool staged = entry != nullptr && (entry->stagedBuffers.load(std::memory_order_acquire) >> header.slot & 1) != 0;
   if (staged != ((header.flags & kChunkStaged) != 0)) {
     if (entry == nullptr) return nullptr;  // the stream reports the chunk that matches nothing
@@ -408,6 +414,18 @@ void TcpRecvComm::pumpStaging() {
 }
 
 void TcpRecvComm::streamFailed(int streamIndex, const char* why, int err, bool endOfStream) noexcept {
+  if (dataFailover_) {
+    // The sender sends this NIC's chunks again over the others; only every stream and the control connection
+    // gone together is the sender's end (peerGone). A chunk cut off mid-way counted nothing.
+    openStreams_.fetch_sub(1, std::memory_order_acq_rel);
+    const int nic = streamIndex % nics_;
+    if ((failedNics_.fetch_or(uint64_t{1} << nic, std::memory_order_acq_rel) >> nic & 1) == 0 && !endOfStream) {
+      RN_WARN("NET/railnet: receive connection from %s: a data stream of %s failed (%s); the sender sends its "
+              "chunks again over the other NICs", control_.peerName().c_str(),
+              static_cast<size_t>(nic) < nicNames_.size() ? nicNames_[nic].c_str() : "a NIC", why);
+    }
+    return;
+  }
   if (endOfStream) {
     openStreams_.fetch_sub(1, std::memory_order_acq_rel);
     return;

@@ -38,8 +38,10 @@ class TcpRecvComm final : public RecvComm, private StreamOwner, private progress
   // sendDoneFrames: the sender asked for delivered completion (wire.h kFeatureDeliveredCompletion): each buffer
   // completed by data-stream chunks sends it a done frame.
   // resume: the sender asked for a resumable control channel (wire.h kFeatureResume).
+  // dataFailover: the sender sends a failed NIC's chunks again (wire.h kFeatureDataFailover): a failed data stream
+  // is not the connection's end, and chunks of receives already finished are dropped.
   TcpRecvComm(Fd control, std::vector<Fd> data, const protocol::SocketAddress& peer, const NicLayout& layout = {},
-              bool sendDoneFrames = false, const protocol::ResumeOptions* resume = nullptr);
+              bool sendDoneFrames = false, const protocol::ResumeOptions* resume = nullptr, bool dataFailover = false);
   ~TcpRecvComm() override;
 
   ncclResult_t irecv(int n, void** data, const size_t* sizes, const int* tags, MemoryRegion** mrs,
@@ -82,6 +84,10 @@ class TcpRecvComm final : public RecvComm, private StreamOwner, private progress
 
   protocol::ControlChannel control_;
   const bool sendDoneFrames_;
+  const bool dataFailover_;
+  int nics_ = 1;                                  // local NICs the data streams spread over (stream s: NIC s % nics_)
+  std::vector<std::string> nicNames_;
+  std::atomic<uint64_t> failedNics_{0};           // bit n: a stream of NIC n failed (WARNed once per NIC)
   CommStaging staging_{"receive"};
   staging::LandingRing landing_;
   DataStreams streams_;

@@ -33,10 +33,11 @@ constexpr std::chrono::microseconds kDonePollInterval{5};
 }  // namespace
 
 TcpSendComm::TcpSendComm(Fd control, std::vector<Fd> data, const protocol::SocketAddress& peer, NicLayout layout,
-                         const protocol::ResumeOptions* resume)
+                         const protocol::ResumeOptions* resume, bool delivered, bool dataFailover)
     : control_(std::move(control), peer, "send"),
       streams_(std::move(data)),
-      delivered_(settings().sendCompletion == SendCompletion::kDelivered),
+      delivered_(delivered),
+      dataFailover_(dataFailover && delivered),
       requests_(kSendRequests, [this](SendRequest& request) { request.setOwner(this); }),
       slotChunks_(new std::atomic<int>[static_cast<size_t>(stagingSlots())]()),
       slotCopying_(static_cast<size_t>(stagingSlots()), false) {
@@ -50,7 +51,13 @@ TcpSendComm::TcpSendComm(Fd control, std::vector<Fd> data, const protocol::Socke
   nics_ = std::clamp(static_cast<int>(layout.nics.size()), 1, std::max(1, streams_.count()));
   nics_ = std::min(nics_, kMaxStripeNics);
   minStripeBytes_ = layout.minStripeBytes;
-  streams_.start(this);  // helper threads may call stealChunk at once
+  nicNames_ = layout.names;
+  nicCounters_ = layout.nics;
+  if (dataFailover_ && config.faultNicCut >= 0 && config.faultNicCut < nics_) {
+    cutNic_ = static_cast<int>(config.faultNicCut);
+    cutAfterBytes_ = static_cast<uint64_t>(config.faultNicCutBytes);
+  }
+  streams_.start(this, dataFailover_);  // helper threads may call stealChunk at once
   watchdog_.start(this);
 }
 
@@ -140,6 +147,7 @@ void TcpSendComm::warnIfStalled(int tag) {
 ncclResult_t TcpSendComm::isend(void* data, size_t size, int tag, MemoryRegion* mr, Request** request) noexcept {
   *request = nullptr;
   std::lock_guard<std::mutex> lock(mutex_);
+  if (failoverDue_.load(std::memory_order_acquire)) sendAgainFromFailedNics();
   if (held_.due()) flushHeld();
   pumpStaging();
   if (control_.failed() || !control_.flush()) return control_.reportFailure();
@@ -202,6 +210,8 @@ ncclResult_t TcpSendComm::isend(void* data, size_t size, int tag, MemoryRegion* 
   sendRequest->watch_.start();
   sendRequest->recvId_ = recvId;
   sendRequest->slot_ = slot;
+  sendRequest->chunks_.clear();
+  sendRequest->resendable_ = !fromGpu && stagedPieceBytes == 0;
 
   const bool inlined = size == 0 || (size <= inlineBytes_ && !fromGpu && stagedPieceBytes == 0);
   // Delivered completion holds back only sends whose chunks leave from the caller's buffer: inline bytes are copied
@@ -230,7 +240,8 @@ ncclResult_t TcpSendComm::isend(void* data, size_t size, int tag, MemoryRegion* 
   } else {
     const uint64_t chunk = chunkBytesFor(size);
     sendRequest->pendingChunks_.store(static_cast<int>((size + chunk - 1) / chunk), std::memory_order_relaxed);
-    enqueueChunks(ChunkTemplate{recvId, slot, size, 0, 0, &sendRequest->pendingChunks_, nullptr, &sendRequest->sentBytes_},
+    enqueueChunks(ChunkTemplate{recvId, slot, size, 0, 0, &sendRequest->pendingChunks_, nullptr,
+                                &sendRequest->sentBytes_, dataFailover_ ? sendRequest : nullptr},
                   static_cast<const char*>(data), 0, size, chunk, 0, 1);
   }
   *request = sendRequest;
@@ -243,8 +254,16 @@ uint64_t TcpSendComm::chunkBytesFor(uint64_t bytes) const {
 }
 
 void TcpSendComm::sendStriped(SendRequest* request, const char* data, uint64_t size, uint32_t recvId, int slot) {
+  // Over the NICs still alive (rail failover): stripe i of the plan goes to the i-th of them.
+  int alive[kMaxStripeNics];
+  int aliveCount = 0;
+  for (int nic = 0; nic < nics_; ++nic) {
+    if (nicAlive(nic)) alive[aliveCount++] = nic;
+  }
+  if (aliveCount == 0) alive[aliveCount++] = 0;  // placeChunk records the failure
   Stripe stripes[kMaxStripeNics];
-  const int count = protocol::planStripes(size, nics_, stripedMessages_++, minStripeBytes_, stripes);
+  const int count = protocol::planStripes(size, aliveCount, stripedMessages_++, minStripeBytes_, stripes);
+  for (int i = 0; i < count; ++i) stripes[i].nic = alive[stripes[i].nic];
   const int streams = streams_.count();
   uint64_t chunkOf[kMaxStripeNics];
   int total = 0;
@@ -257,7 +276,8 @@ void TcpSendComm::sendStriped(SendRequest* request, const char* data, uint64_t s
   }
   // Every chunk is counted before the first is queued: a worker may finish one at once.
   request->pendingChunks_.store(total, std::memory_order_relaxed);
-  const ChunkTemplate what{recvId, slot, size, 0, 0, &request->pendingChunks_, nullptr, &request->sentBytes_};
+  const ChunkTemplate what{recvId, slot, size, 0, 0, &request->pendingChunks_, nullptr, &request->sentBytes_,
+                           dataFailover_ ? request : nullptr};
   for (int i = 0; i < count; ++i) {
     enqueueChunks(what, data + stripes[i].offset, stripes[i].offset, stripes[i].bytes, chunkOf[i], stripes[i].nic,
                   nics_);
@@ -266,15 +286,7 @@ void TcpSendComm::sendStriped(SendRequest* request, const char* data, uint64_t s
 
 void TcpSendComm::enqueueChunks(const ChunkTemplate& what, const char* data, uint64_t offset, uint64_t bytes,
                                 uint64_t chunk, int first, int step) {
-  const int streams = streams_.count();
-  const int candidates = (streams - first + step - 1) / step;
   for (uint64_t done = 0; done < bytes; done += chunk) {
-    // Least-queued stream of the set first, starting from a rotating point: a slow stream gets less new work.
-    int best = first + static_cast<int>(nextStream_++ % static_cast<uint32_t>(candidates)) * step;
-    for (int k = 0; k < candidates; ++k) {
-      const int candidate = first + k * step;
-      if (streams_[candidate].queuedBytes() < streams_[best].queuedBytes()) best = candidate;
-    }
     SendOp op{};
     op.header.recvId = what.recvId;
     op.header.slot = static_cast<uint8_t>(what.slot);
@@ -287,7 +299,107 @@ void TcpSendComm::enqueueChunks(const ChunkTemplate& what, const char* data, uin
     op.pending = what.pending;
     op.slotPending = what.slotPending;
     op.sentBytes = what.sentBytes;
-    streams_[best].enqueue(op);
+    const int stream = placeChunk(op, first, step);
+    if (stream < 0) {
+      // No stream left: this chunk and the rest never leave, and count as done so nothing waits on them; the
+      // recorded failure fails the send at test.
+      const int left = static_cast<int>((bytes - done + chunk - 1) / chunk);
+      if (what.slotPending != nullptr) what.slotPending->fetch_sub(left, std::memory_order_release);
+      what.pending->fetch_sub(left, std::memory_order_release);
+      return;
+    }
+    if (what.record != nullptr) what.record->chunks_.push_back(SendRequest::QueuedChunk{op, stream});
+    cutIfDue(stream, op.header.length);
+  }
+}
+
+int TcpSendComm::placeChunk(const SendOp& op, int first, int step) {
+  const int streams = streams_.count();
+  for (int pass = 0; pass < 2; ++pass) {
+    // Pass 0: the streams asked for; pass 1 (their NIC failed): any live stream.
+    const int from = pass == 0 ? first : 0;
+    const int stride = pass == 0 ? step : 1;
+    const int candidates = (streams - from + stride - 1) / stride;
+    for (int attempt = 0; attempt < candidates; ++attempt) {
+      // Least-queued live stream of the set first, starting from a rotating point: a slow stream gets less new work.
+      int best = -1;
+      const int start = static_cast<int>(nextStream_++ % static_cast<uint32_t>(candidates));
+      for (int k = 0; k < candidates; ++k) {
+        const int candidate = from + ((start + k) % candidates) * stride;
+        if (streams_[candidate].dead() || !nicAlive(nicOf(candidate))) continue;
+        if (best < 0 || streams_[candidate].queuedBytes() < streams_[best].queuedBytes()) best = candidate;
+      }
+      if (best < 0) break;
+      if (streams_[best].enqueue(op)) return best;  // false: it failed just now; choose again
+    }
+  }
+  control_.recordFailure("every data stream of the connection failed");
+  return -1;
+}
+
+void TcpSendComm::cutIfDue(int stream, uint64_t bytes) {
+  if (cutNic_ < 0 || nicOf(stream) != cutNic_) return;
+  queuedOnCutNic_ += bytes;
+  if (queuedOnCutNic_ < cutAfterBytes_) return;
+  RN_INFO(NCCL_NET, "NET/railnet: send comm to %s: RAILNET_FAULT_NIC_CUT cuts the data streams of NIC %d",
+          control_.peerName().c_str(), cutNic_);
+  for (int s = cutNic_; s < streams_.count(); s += nics_) streams_[s].cut();
+  cutNic_ = -1;
+}
+
+void TcpSendComm::sendAgainFromFailedNics() {
+  failoverDue_.store(false, std::memory_order_release);
+  const uint64_t failed = failedNics_.load(std::memory_order_acquire);
+  const uint64_t newly = failed & ~handledNics_;
+  handledNics_ |= newly;
+  int alive = 0;
+  for (int nic = 0; nic < nics_; ++nic) alive += nicAlive(nic) ? 1 : 0;
+  if (alive == 0) {
+    control_.recordFailure("the data streams of every NIC failed");
+    return;
+  }
+  // Every chunk queued on a failed NIC goes again, whenever it was queued there (a stream of a NIC already handled
+  // may die later, with chunks on it meanwhile; a chunk taken by a sibling stream of its NIC is recorded under the
+  // stream it was queued on, so the NIC, not the stream, decides). The copy's count goes up before it is queued, so
+  // its send cannot complete (and its buffer be reused) before the copy has left. Sends whose done frame came are
+  // complete at the receiver and keep their chunks as they are.
+  uint64_t resent[kMaxStripeNics] = {};
+  uint64_t sends = 0;
+  bool unsendable = false;
+  requests_.forEachInFlight([&](SendRequest& request) {
+    if (!request.awaitingDone_.load(std::memory_order_acquire)) return;
+    bool touched = false;
+    for (SendRequest::QueuedChunk& queued : request.chunks_) {
+      if (nicAlive(nicOf(queued.stream))) continue;
+      touched = true;
+      const int nic = nicOf(queued.stream);
+      request.pendingChunks_.fetch_add(1, std::memory_order_acq_rel);
+      const int stream = placeChunk(queued.op, 0, 1);
+      if (stream < 0) {
+        request.pendingChunks_.fetch_sub(1, std::memory_order_acq_rel);
+        return;
+      }
+      queued.stream = stream;
+      resent[nic] += queued.op.header.length;
+    }
+    // GPU sends keep no chunk records: any in flight when a NIC fails may have lost bytes that are gone from the
+    // staging slots.
+    if (!request.resendable_ && newly != 0) unsendable = true;
+    sends += touched ? 1 : 0;
+  });
+  if (unsendable) {
+    control_.recordFailure("a NIC's data streams failed while sends staged from GPU memory were in flight; their "
+                           "bytes are no longer in the staging slots, so they cannot be sent again");
+  }
+  for (int nic = 0; nic < nics_; ++nic) {
+    NicCounters* counters = static_cast<size_t>(nic) < nicCounters_.size() ? nicCounters_[nic] : nullptr;
+    if (counters != nullptr) counters->addResent(resent[nic]);
+    if ((newly >> nic & 1) == 0) continue;
+    if (counters != nullptr) counters->addFailure();
+    const std::string name = static_cast<size_t>(nic) < nicNames_.size() ? nicNames_[nic] : "NIC " + std::to_string(nic);
+    RN_WARN("NET/railnet: send connection with %s: the data streams of %s failed; %llu B of %llu send(s) in flight "
+            "sent again over the other %d NIC(s), and new messages stripe over those", control_.peerName().c_str(),
+            name.c_str(), static_cast<unsigned long long>(resent[nic]), static_cast<unsigned long long>(sends), alive);
   }
 }
 
@@ -401,6 +513,10 @@ void TcpSendComm::pumpStaging() {
 
 ncclResult_t TcpSendComm::testRequest(SendRequest* request, int* done, int* sizes) noexcept {
   *done = 0;
+  if (failoverDue_.load(std::memory_order_acquire)) {
+    std::unique_lock<std::mutex> lock(mutex_, std::try_to_lock);
+    if (lock.owns_lock()) sendAgainFromFailedNics();
+  }
   if (request->awaitingDone_.load(std::memory_order_acquire) &&
       request->pendingChunks_.load(std::memory_order_acquire) == 0) {
     // Delivered completion: every byte is written; the receiver's done frame says when it has them all. poll()
@@ -540,6 +656,15 @@ char* TcpSendComm::resolveChunk(const ChunkHeader&) noexcept { return nullptr; }
 void TcpSendComm::chunkReceived(const ChunkHeader&) noexcept {}
 
 void TcpSendComm::streamFailed(int streamIndex, const char* why, int err, bool) noexcept {
+  if (dataFailover_) {
+    // Its chunks were released (Stream::releaseOnFailure); the next call sends them again over the other NICs, or
+    // fails the connection when no NIC is left. A receiver that is gone closes every stream.
+    failedNics_.fetch_or(uint64_t{1} << nicOf(streamIndex), std::memory_order_acq_rel);
+    failoverDue_.store(true, std::memory_order_release);
+    RN_INFO(NCCL_NET, "NET/railnet: send connection with %s: data stream %d (NIC %d) failed: %s",
+            control_.peerName().c_str(), streamIndex, nicOf(streamIndex), why);
+    return;
+  }
   // The receiver never writes on data streams: end-of-stream or an error both mean it is gone.
   control_.recordFailure("data stream " + std::to_string(streamIndex) + ": " + why,
                          err == 0 || protocol::isRemoteErrno(err) ? protocol::FailureKind::kRemote

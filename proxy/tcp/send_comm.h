@@ -39,13 +39,24 @@ class SendRequest final : public protocol::CommRequest<TcpSendComm, SendRequest>
   uint64_t size_ = 0;
   uint64_t serial_ = 0;            // which send this is (requests are reused): for the watchdog's report
   progress::ProgressMark watch_;  // guarded by the comm's mutex_
+  // Rail failover (the comm's dataFailover_), guarded by the comm's mutex_: every chunk queued for this send and the
+  // stream it went to, so that those of a failed NIC can be sent again; false for sends staged through GPU slots,
+  // whose bytes are gone once a slot is reused.
+  struct QueuedChunk {
+    SendOp op;
+    int stream;
+  };
+  std::vector<QueuedChunk> chunks_;
+  bool resendable_ = true;
 };
 
 class TcpSendComm final : public SendComm, private StreamOwner, private progress::Watched {
  public:
   // resume: the control channel survives a broken socket (RAILNET_FAILOVER; protocol/control_channel.h).
+  // delivered: sends complete on the receiver's done frames (RAILNET_SEND_COMPLETION). dataFailover: a NIC whose data
+  // streams fail has their chunks sent again over the other NICs (needs delivered; wire.h kFeatureDataFailover).
   TcpSendComm(Fd control, std::vector<Fd> data, const protocol::SocketAddress& peer, NicLayout layout = {},
-              const protocol::ResumeOptions* resume = nullptr);
+              const protocol::ResumeOptions* resume = nullptr, bool delivered = false, bool dataFailover = false);
   ~TcpSendComm() override;
 
   ncclResult_t isend(void* data, size_t size, int tag, MemoryRegion* mr, Request** request) noexcept override;
@@ -69,6 +80,7 @@ class TcpSendComm final : public SendComm, private StreamOwner, private progress
     std::atomic<int>* pending;
     std::atomic<int>* slotPending = nullptr;
     std::atomic<uint64_t>* sentBytes = nullptr;
+    SendRequest* record = nullptr;  // rail failover: the send whose chunks are kept (QueuedChunk)
   };
   uint64_t chunkBytesFor(uint64_t bytes) const;
   // A fused device's send: planStripes over the NICs, each stripe chunked over its NIC's streams.
@@ -77,6 +89,16 @@ class TcpSendComm final : public SendComm, private StreamOwner, private progress
   // least-queued of streams first, first + step, ...
   void enqueueChunks(const ChunkTemplate& what, const char* data, uint64_t offset, uint64_t bytes, uint64_t chunk,
                      int first, int step);
+  // Queues one chunk on the least-queued live stream among first, first + step, ... (any live stream when none of
+  // those lives); returns the stream, or -1 when no stream lives (the connection's failure is recorded).
+  int placeChunk(const SendOp& op, int first, int step);
+
+  // ---- rail failover (docs/failover.md); caller holds mutex_ ----
+  // NICs whose streams failed since the last call: their chunks of sends not yet delivered go again over the others.
+  void sendAgainFromFailedNics();
+  int nicOf(int stream) const { return stream % nics_; }
+  bool nicAlive(int nic) const { return (failedNics_.load(std::memory_order_acquire) >> nic & 1) == 0; }
+  void cutIfDue(int stream, uint64_t bytes);  // RAILNET_FAULT_NIC_CUT
 
   // ---- pieces (GPU memory at either end); caller holds mutex_ ----
   struct Piece {
@@ -116,7 +138,16 @@ class TcpSendComm final : public SendComm, private StreamOwner, private progress
   CommStaging staging_{"send"};
   DataStreams streams_;
   uint64_t inlineBytes_;
-  const bool delivered_;        // RAILNET_SEND_COMPLETION=delivered: sends complete on the receiver's done frames
+  const bool delivered_;        // sends complete on the receiver's done frames (RAILNET_SEND_COMPLETION)
+  const bool dataFailover_;     // a failed NIC's chunks are sent again over the others
+  std::atomic<uint64_t> failedNics_{0};   // bit n: NIC n's streams failed (set by helpers)
+  std::atomic<bool> failoverDue_{false};  // failedNics_ has bits sendAgainFromFailedNics has not handled
+  uint64_t handledNics_ = 0;              // guarded by mutex_
+  std::vector<std::string> nicNames_;
+  std::vector<NicCounters*> nicCounters_;
+  int cutNic_ = -1;                  // RAILNET_FAULT_NIC_CUT
+  uint64_t cutAfterBytes_ = 0;
+  uint64_t queuedOnCutNic_ = 0;      // guarded by mutex_
   std::vector<protocol::DoneFrame> done_;  // guarded by mutex_: parse's scratch
   protocol::ControlEvents events_;         // guarded by mutex_: parse's scratch
   std::atomic<std::chrono::steady_clock::time_point> lastDonePoll_{};  // test()'s last look for done frames

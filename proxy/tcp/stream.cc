@@ -81,17 +81,39 @@ Stream::Stream(Fd fd, StreamOwner* owner, int index, NicCounters* counters, shap
       connectionKey_(connectionKeyOf(fd_.get())),
       passBytes_(settings().tcpPassBytes > 0 ? static_cast<uint64_t>(settings().tcpPassBytes) : UINT64_MAX) {}
 
-void Stream::enqueue(const SendOp& op) {
+bool Stream::enqueue(const SendOp& op) {
   {
     std::lock_guard<std::mutex> lock(queueMutex_);
+    if (releaseOnFailure_ && dead_.load(std::memory_order_relaxed)) return false;
     queue_.push_back(op);
   }
   queuedBytes_.fetch_add(op.header.length, std::memory_order_relaxed);
   wake();
+  return true;
 }
 
+void Stream::cut() { (void)shutdown(fd_.get(), SHUT_RDWR); }
+
 void Stream::fail(const char* why, int err, bool endOfStream) {
-  if (!dead_.exchange(true)) owner_->streamFailed(index_, why, err, endOfStream);
+  if (dead_.exchange(true)) return;
+  if (releaseOnFailure_) {
+    // Helper thread: sending_ is this helper's; the queue is taken under its lock, after which enqueue() refuses.
+    std::deque<SendOp> unsent;
+    {
+      std::lock_guard<std::mutex> lock(queueMutex_);
+      unsent.swap(queue_);
+    }
+    for (std::deque<SendOp>* ops : {&sending_, &unsent}) {
+      for (const SendOp& op : *ops) {
+        if (op.slotPending != nullptr) op.slotPending->fetch_sub(1, std::memory_order_release);
+        op.pending->fetch_sub(1, std::memory_order_release);
+      }
+      ops->clear();
+    }
+    sentOfFront_ = 0;
+    queuedBytes_.store(0, std::memory_order_relaxed);
+  }
+  owner_->streamFailed(index_, why, err, endOfStream);
 }
 
 void Stream::failWith(const char* why, int err) noexcept { fail(why, err, false); }
@@ -231,6 +253,11 @@ char* StreamOwner::retryLater() noexcept {
   return &marker;
 }
 
+char* StreamOwner::discard() noexcept {
+  static char marker;
+  return &marker;
+}
+
 bool Stream::startChunk() {
   memcpy(&incoming_, nextHeader_, sizeof(ChunkHeader));
   headerBytes_ = 0;
@@ -246,15 +273,21 @@ bool Stream::resolveIncoming() {
     fail("received a chunk that matches no posted receive", 0, false);
     return false;
   }
+  discarding_ = destination_ == StreamOwner::discard();
+  if (discarding_ && !discardBuffer_) discardBuffer_.reset(new char[kDiscardBytes]);
   payloadLeft_ = incoming_.length;
   inPayload_ = payloadLeft_ > 0;
-  if (counters_ != nullptr) counters_->addReceived(incoming_.length);
+  if (counters_ != nullptr && !discarding_) counters_->addReceived(incoming_.length);
   if (!inPayload_) finishChunk();
   return true;
 }
 
 void Stream::finishChunk() {
   inPayload_ = false;
+  if (discarding_) {
+    discarding_ = false;
+    return;
+  }
   ++telemetry_.chunksReceived;
   owner_->chunkReceived(incoming_);
 }
@@ -266,9 +299,19 @@ uint64_t Stream::progressReceive() {
     // The next chunk's header rides along with this payload's tail: one recvmsg per chunk, not two.
     iovec iov[2];
     int count = 0;
-    if (inPayload_) iov[count++] = {destination_ + (incoming_.length - payloadLeft_), payloadLeft_};
-    iov[count++] = {nextHeader_ + headerBytes_, sizeof(ChunkHeader) - headerBytes_};
-    const uint64_t wanted = (inPayload_ ? payloadLeft_ : 0) + sizeof(ChunkHeader) - headerBytes_;
+    uint64_t wanted = 0;
+    if (discarding_ && inPayload_ && payloadLeft_ > kDiscardBytes) {
+      // A dropped payload larger than the scratch buffer: no header may follow it in this read.
+      iov[count++] = {discardBuffer_.get(), kDiscardBytes};
+      wanted = kDiscardBytes;
+    } else {
+      if (inPayload_) {
+        char* into = discarding_ ? discardBuffer_.get() : destination_ + (incoming_.length - payloadLeft_);
+        iov[count++] = {into, payloadLeft_};
+      }
+      iov[count++] = {nextHeader_ + headerBytes_, sizeof(ChunkHeader) - headerBytes_};
+      wanted = (inPayload_ ? payloadLeft_ : 0) + sizeof(ChunkHeader) - headerBytes_;
+    }
     const ssize_t got = readVector(fd_.get(), iov, count);
     ++(got == 0 ? telemetry_.recvWouldBlock : telemetry_.recvCalls);
     if (got == 0) {

@@ -7,6 +7,7 @@
 #include <atomic>
 #include <cstdint>
 #include <deque>
+#include <memory>
 #include <mutex>
 #include <string>
 
@@ -31,6 +32,9 @@ class StreamOwner {
   // still busy).
   virtual char* resolveChunk(const ChunkHeader& header) noexcept = 0;
   static char* retryLater() noexcept;
+  // Another answer of resolveChunk: read the payload and drop it (a copy of a chunk of a receive already finished,
+  // sent again after a NIC failed; wire.h kFeatureDataFailover). chunkReceived() is not called for it.
+  static char* discard() noexcept;
   virtual void chunkReceived(const ChunkHeader& header) noexcept = 0;
   // The stream hit end-of-stream (endOfStream) or an error (err: its errno, 0 for a protocol error); no more
   // callbacks follow for it.
@@ -77,8 +81,15 @@ class Stream final : public progress::EventSource {
   uint64_t queuedBytes() const { return queuedBytes_.load(std::memory_order_relaxed); }
   // For stall reports only (racy by nature): the stream holds a chunk back until its staging slot frees.
   bool waitingForSlot() const { return waitingForSlot_.load(std::memory_order_relaxed); }
-  // Sender side, any thread: queue a chunk and wake the helper.
-  void enqueue(const SendOp& op);
+  // Sender side, any thread: queue a chunk and wake the helper. False (nothing queued) once a stream that releases
+  // on failure has failed.
+  bool enqueue(const SendOp& op);
+  // Before start: when this stream fails, every chunk it holds unwritten or part-written counts as done for its
+  // request (pending and slotPending decremented), so the owner may send it again elsewhere (rail failover).
+  void releaseOnFailure() { releaseOnFailure_ = true; }
+  bool dead() const { return dead_.load(std::memory_order_acquire); }
+  // Any thread, a test feature (RAILNET_FAULT_NIC_CUT): shut the socket down both ways, as a failing path would.
+  void cut();
   // Receiver side, any thread: a chunk this stream was told to retry later may have a destination now.
   void resumeReceive() { wake(); }
   // Any helper: moves the oldest queued chunk to *out (for an idle sibling) if one more stays queued behind it
@@ -97,6 +108,7 @@ class Stream final : public progress::EventSource {
 
  private:
   static constexpr size_t kMaxGather = 8;  // chunks gathered into one sendmsg
+  static constexpr uint64_t kDiscardBytes = 64 * 1024;  // scratch for dropped payloads
   // Moves up to `budget` bytes of chunks from the shared queue to sending_, or steals one; false: nothing to send.
   bool refill(uint64_t budget);
   uint64_t progressSend();
@@ -133,6 +145,9 @@ class Stream final : public progress::EventSource {
   uint64_t payloadLeft_ = 0;
   bool inPayload_ = false;
   bool awaitingDestination_ = false;  // incoming_ was told to retry later: nothing more is read until it lands
+  bool discarding_ = false;           // incoming_'s payload is read into discardBuffer_ and dropped
+  std::unique_ptr<char[]> discardBuffer_;  // made on first use
+  bool releaseOnFailure_ = false;
   std::atomic<bool> waitingForSlot_{false};  // awaitingDestination_, published for stall reports
   bool readable_ = true;
   bool peerClosed_ = false;  // epoll saw the peer's FIN (or an error): short reads no longer mean drained

@@ -210,8 +210,16 @@ class TcpTransport final : public Transport {
     }
     options.railId = nics[0].second;
     // The sending side decides how its sends complete; the receiver learns it from the hello (wire.h).
-    options.features = settings().sendCompletion == SendCompletion::kDelivered ? protocol::kFeatureDeliveredCompletion : 0;
-    if (settings().failover != 0) options.features |= protocol::kFeatureResume;
+    // Delivered completion where the setting asks for it, or (auto) where failover needs it: a fused device's sends
+    // must outlive a NIC's failure, so they complete only once the receiver has their bytes (docs/failover.md).
+    const SendCompletion completion = settings().sendCompletion;
+    const bool failover = settings().failover != 0;
+    const bool delivered = completion == SendCompletion::kDelivered ||
+                           (completion == SendCompletion::kAuto && failover && fused);
+    const bool dataFailover = failover && delivered && fused;
+    options.features = delivered ? protocol::kFeatureDeliveredCompletion : 0;
+    if (failover) options.features |= protocol::kFeatureResume;
+    if (dataFailover) options.features |= protocol::kFeatureDataFailover;
     // A resumable control channel's re-made socket leaves from NIC 0, as the first one did.
     protocol::ResumeOptions resume;
     resume.local = options.nics.empty() ? SocketAddress{} : options.nics[0].bind;
@@ -225,6 +233,7 @@ class TcpTransport final : public Transport {
       NicLayout layout;
       layout.minStripeBytes = minStripe;
       for (size_t nic = 0; nic < nics.size(); ++nic) {
+        layout.names.push_back(nics[nic].first);
         NicCounters& counters = nicCounters(nics[nic].first, nics[nic].second);
         const int16_t remote = nic < peer.dataRails.size() ? peer.dataRails[nic] : peer.controlRail;
         if (nic == 0 || nic < dataStreams) counters.addConnection(nics[nic].second, remote);
@@ -234,12 +243,14 @@ class TcpTransport final : public Transport {
       }
       return layout;
     };
-    options.makeSendComm = [layoutFor, resume, sendResumable](Fd control, std::vector<Fd> data, const PeerInfo& peer) {
+    options.makeSendComm = [layoutFor, resume, sendResumable, delivered, dataFailover](
+                               Fd control, std::vector<Fd> data, const PeerInfo& peer) {
       NicLayout layout = layoutFor(peer, data.size());
       protocol::ResumeOptions session = resume;
       session.key = peer.session;
       return std::unique_ptr<SendComm>(new TcpSendComm(std::move(control), std::move(data), peer.peer,
-                                                       std::move(layout), sendResumable ? &session : nullptr));
+                                                       std::move(layout), sendResumable ? &session : nullptr,
+                                                       delivered, dataFailover));
     };
     options.makeRecvComm = [layoutFor, resume](Fd control, std::vector<Fd> data, const PeerInfo& peer) {
       NicLayout layout = layoutFor(peer, data.size());
@@ -248,8 +259,9 @@ class TcpTransport final : public Transport {
       session.acceptor = true;
       session.key = peer.session;
       const bool resumable = (peer.features & protocol::kFeatureResume) != 0;
+      const bool sendsAgain = (peer.features & protocol::kFeatureDataFailover) != 0;
       return std::unique_ptr<RecvComm>(new TcpRecvComm(std::move(control), std::move(data), peer.peer, layout,
-                                                       sendDone, resumable ? &session : nullptr));
+                                                       sendDone, resumable ? &session : nullptr, sendsAgain));
     };
     return options;
   }

@@ -307,14 +307,27 @@ struct FromChildSender {
     return net.irecv(recv.get(), 1, &data, &bytes, &tag, &handle, request);
   }
   void* postWaiting() { return postRecv(net, recv.get(), buffer.data(), size, reg.handle(), Deadline()); }
-  // Receives one whole message and checks it, then posts the next receive and gives the child a moment to be
-  // writing into it: the request of that second receive.
+  // Receives one whole message and checks it, then posts the next receive and returns its request once the child is
+  // writing into it: its first bytes have landed. A fixed pause was not enough on a loaded machine: the silence
+  // began before the child had the clear-to-send, so the child had nothing in flight, no retry ever failed it, and
+  // the trial waited for a child that waited for a clear-to-send (silent_rdma_path, a CI run under extra load).
   void* receiveOneThenPost() {
     REQUIRE_OK(waitRequest(net, postWaiting(), nullptr, Deadline()));
     REQUIRE(findMismatch(buffer.data(), size, childPatternSeed()) == SIZE_MAX, "the first message is corrupted");
+    std::memset(buffer.data(), 0, size);
     void* request = postWaiting();
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    for (const Deadline deadline(std::chrono::seconds(20)); !anyByteLanded(); std::this_thread::yield()) {
+      deadline.check("the child's next message to start arriving");
+    }
     return request;
+  }
+  // A sample of the buffer, one byte per 4 KiB page: bytes of the child's pattern are non-zero nearly always.
+  bool anyByteLanded() const {
+    const volatile uint8_t* bytes = buffer.data();
+    for (size_t at = 0; at < size; at += 4096) {
+      if (bytes[at] != 0) return true;
+    }
+    return false;
   }
 
   const size_t size;
