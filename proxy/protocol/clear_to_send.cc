@@ -11,8 +11,7 @@ long ClearToSendQueue::parse(const char* data, size_t size, std::string* why, st
 }
 
 long ClearToSendQueue::parse(const char* data, size_t size, std::string* why, ControlEvents* events) {
-  // A sockaddr_storage, the most a session frame may carry.
-  constexpr uint64_t kMaxSessionBytes = 128;
+  constexpr uint64_t kMaxSessionBytes = kSessionEntryBytes * kMaxSessionEntries;
   size_t used = 0;
   while (size - used >= sizeof(FrameHeader)) {
     FrameHeader frame;

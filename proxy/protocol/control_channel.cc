@@ -1,6 +1,7 @@
 #include "proxy/protocol/control_channel.h"
 
 #include <fcntl.h>
+#include <netinet/in.h>
 #include <poll.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
@@ -65,16 +66,26 @@ void ControlChannel::enableResume(const ResumeOptions& options) {
     cutEvery_ = options.cutEvery;
     return;
   }
-  SocketAddress local;
-  local.length = sizeof(local.storage);
-  if (getsockname(fd_.get(), reinterpret_cast<sockaddr*>(&local.storage), &local.length) != 0) {
-    const int err = errno;
-    fail(ncclSystemError, "NET/railnet: getsockname on a control socket failed: %s", errnoText(err).c_str());
+  std::vector<SocketAddress> locals = resume_.locals;
+  if (locals.empty()) {
+    SocketAddress local;
+    local.length = sizeof(local.storage);
+    if (getsockname(fd_.get(), reinterpret_cast<sockaddr*>(&local.storage), &local.length) != 0) {
+      const int err = errno;
+      fail(ncclSystemError, "NET/railnet: getsockname on a control socket failed: %s", errnoText(err).c_str());
+    }
+    locals.push_back(local);
   }
-  const SocketAddress listener = service_->listenerFor(local);
+  if (locals.size() > kMaxSessionEntries) locals.resize(kMaxSessionEntries);
+  std::vector<char> entries(locals.size() * kSessionEntryBytes, 0);
+  for (size_t i = 0; i < locals.size(); ++i) {
+    const SocketAddress listener = service_->listenerFor(locals[i]);
+    memcpy(entries.data() + i * kSessionEntryBytes, &listener.storage, std::min<size_t>(listener.length, kSessionEntryBytes));
+  }
   service_->addAcceptor(this, resume_.key);
-  FrameHeader session{static_cast<uint8_t>(FrameType::kSession), 0, 0, 0, listener.length};
-  send(&session, sizeof(session), &listener.storage, listener.length);
+  FrameHeader session{static_cast<uint8_t>(FrameType::kSession), static_cast<uint8_t>(locals.size()), 0, 0,
+                      entries.size()};
+  send(&session, sizeof(session), entries.data(), entries.size());
   std::lock_guard<std::mutex> lock(outputMutex_);
   cutEvery_ = options.cutEvery;  // after the session frame: a sender that never learns it cannot re-make anything
 }
@@ -239,22 +250,41 @@ bool ControlChannel::acknowledged(uint32_t processed) {
   return false;
 }
 
-bool ControlChannel::sessionListener(const char* address, size_t size) {
-  SocketAddress target;
-  if (size > sizeof(target.storage) || size < sizeof(sa_family_t)) {
+bool ControlChannel::sessionListeners(const char* entries, size_t size) {
+  std::vector<SocketAddress> targets;
+  for (size_t at = 0; at + kSessionEntryBytes <= size; at += kSessionEntryBytes) {
+    SocketAddress target;
+    memcpy(&target.storage, entries + at, kSessionEntryBytes);
+    const sa_family_t family = target.storage.ss_family;
+    if (family != AF_INET && family != AF_INET6) {
+      recordFailure("protocol error: a session listener of address family " + std::to_string(family));
+      return false;
+    }
+    target.length = family == AF_INET ? sizeof(sockaddr_in) : sizeof(sockaddr_in6);
+    targets.push_back(target);
+  }
+  if (targets.empty() || size % kSessionEntryBytes != 0) {
     recordFailure("protocol error: a session frame of " + std::to_string(size) + " bytes");
     return false;
   }
-  memcpy(&target.storage, address, size);
-  target.length = static_cast<socklen_t>(size);
   std::lock_guard<std::mutex> lock(outputMutex_);
-  resumeTarget_ = target;
+  resumeTargets_ = std::move(targets);
   // Broken before the frame was read (it was still in the old socket's buffer): re-make the socket now.
   if (broken()) {
-    service_->reconnect(this, ReconnectPlan{resume_.key, resumeTarget_, resume_.local, resume_.stream,
+    service_->reconnect(this, ReconnectPlan{resume_.key, resumeTargets_, resume_.locals, avoidNics_, resume_.stream,
                                             brokenSince_ + resume_.limit});
   }
   return true;
+}
+
+void ControlChannel::avoidNic(int nic) {
+  std::lock_guard<std::mutex> lock(outputMutex_);
+  if (nic >= 0 && nic < 64) avoidNics_ |= uint64_t{1} << nic;
+}
+
+void ControlChannel::cutForTest() {
+  std::lock_guard<std::mutex> lock(outputMutex_);
+  (void)shutdown(fd_.get(), SHUT_RDWR);
 }
 
 bool ControlChannel::lost(const std::string& why, FailureKind kind) {
@@ -275,8 +305,8 @@ bool ControlChannel::lostLocked(const std::string& why, FailureKind kind) {
   broken_.store(true, std::memory_order_release);
   // The sending side re-makes it, once it knows where to: the receiver's kSession frame may still be in the old
   // socket's buffer, and sessionListener() starts the attempt then (or read() fails the channel at the deadline).
-  if (resume_.acceptor || resumeTarget_.length == 0) return true;
-  ReconnectPlan plan{resume_.key, resumeTarget_, resume_.local, resume_.stream, now + resume_.limit};
+  if (resume_.acceptor || resumeTargets_.empty()) return true;
+  ReconnectPlan plan{resume_.key, resumeTargets_, resume_.locals, avoidNics_, resume_.stream, now + resume_.limit};
   service_->reconnect(this, plan);
   return true;
 }
@@ -323,8 +353,12 @@ void ControlChannel::resumed(Fd socket, uint32_t peerProcessed) noexcept {
     const uint64_t count = resumes_.fetch_add(1, std::memory_order_relaxed) + 1;
     const std::string what = wasBroken ? textf("broke (%s); re-made %.1f ms later", lossWhy_.c_str(), tookMs)
                                        : std::string("was re-made by the peer");
-    RN_WARN("NET/railnet: %s connection with %s: the control connection %s (resume %llu); %u of %u unacknowledged "
-            "frames sent again", direction_, peerName_.c_str(), what.c_str(), static_cast<unsigned long long>(count),
+    SocketAddress local;
+    local.length = sizeof(local.storage);
+    if (getsockname(fd_.get(), reinterpret_cast<sockaddr*>(&local.storage), &local.length) != 0) local.length = 0;
+    RN_WARN("NET/railnet: %s connection with %s: the control connection %s (resume %llu, now %s to %s); %u of %u "
+            "unacknowledged frames sent again", direction_, peerName_.c_str(), what.c_str(),
+            static_cast<unsigned long long>(count), local.toString().c_str(), peerAddress(fd_.get()).toString().c_str(),
             again, logged);
     if (!resume_.acceptor) watchForClose();
     flushLocked();

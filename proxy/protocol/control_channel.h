@@ -39,7 +39,10 @@ bool isRemoteErrno(int err);
 struct ResumeOptions {
   bool acceptor = false;  // the receiving side, which accepted the connection (else the sending side re-makes it)
   SessionKey key;
-  SocketAddress local;  // sending side: where a re-made socket leaves from (length 0: any)
+  // Sending side: the local NICs' addresses a re-made socket may leave from, NIC 0 first (empty: the kernel
+  // chooses). Receiving side: the local addresses of the connection's sockets, one per NIC, NIC 0 first: a session
+  // listener on each, named to the sender in the kSession frame (empty: the control socket's).
+  std::vector<SocketAddress> locals;
   StreamOptions stream;
   std::chrono::milliseconds limit{2000};  // a broken socket not re-made within this fails the connection
   uint32_t cutEvery = 0;  // test feature (RAILNET_FAULT_CONTROL_CUT): cut the socket in every this-many-th frame
@@ -87,8 +90,12 @@ class ControlChannel final : private ResumeEndpoint {
   void framesProcessed(uint32_t count);
   // The peer's kAck: it processed our frames before `processed`. False on a count out of range (failure recorded).
   bool acknowledged(uint32_t processed);
-  // The sending side's kSession frame: the receiver's session listener, `size` bytes of a sockaddr.
-  bool sessionListener(const char* address, size_t size);
+  // The sending side's kSession frame: the receiver's session listeners, `size` bytes of kSessionEntryBytes each.
+  bool sessionListeners(const char* entries, size_t size);
+  // Sending side: NIC n failed here; a re-made socket tries its address and the peer's NIC n last.
+  void avoidNic(int nic);
+  // Test feature (RAILNET_FAULT_NIC_CUT of NIC 0): shut the socket down both ways, as NIC 0's failure would.
+  void cutForTest();
   // The socket failed under the reader (under lockInput()) or a writer. Resumable: the channel waits for a re-made
   // socket (the sending side asks for one) and true is returned; else the failure is recorded, false returned.
   bool lost(const std::string& why, FailureKind kind = FailureKind::kRemote);
@@ -149,7 +156,8 @@ class ControlChannel final : private ResumeEndpoint {
   ReplayLog log_;                 // guarded by outputMutex_
   uint32_t cutEvery_ = 0;         // guarded by outputMutex_: RAILNET_FAULT_CONTROL_CUT, once enableResume is done
   uint32_t framesSinceCut_ = 0;   // guarded by outputMutex_
-  SocketAddress resumeTarget_;    // guarded by outputMutex_: the receiver's session listener (sending side)
+  std::vector<SocketAddress> resumeTargets_;  // guarded by outputMutex_: the receiver's session listeners
+  uint64_t avoidNics_ = 0;                   // guarded by outputMutex_: ReconnectPlan::avoid
   std::string lossWhy_;           // guarded by outputMutex_
   std::atomic<bool> broken_{false};
   std::chrono::steady_clock::time_point brokenSince_{};  // guarded by outputMutex_

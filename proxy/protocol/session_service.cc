@@ -25,6 +25,9 @@ constexpr auto kHelloLimit = std::chrono::seconds(2);
 constexpr auto kRetryInterval = std::chrono::milliseconds(50);
 // Poll at least this often: retries, deadlines and hello timeouts need no event.
 constexpr auto kTick = std::chrono::milliseconds(20);
+// One try (connect, hello, answer) through one pair of NICs; then the next pair. A dead path's connect would
+// otherwise wait for SYN retransmissions, far beyond RAILNET_FAILOVER_RESUME_MS.
+constexpr auto kTryLimit = std::chrono::milliseconds(400);
 
 // The same IP (and family), whatever the port.
 bool sameHost(const SocketAddress& a, const SocketAddress& b) {
@@ -48,6 +51,35 @@ SocketAddress withoutPort(SocketAddress address) {
 }
 
 }  // namespace
+
+std::vector<std::pair<int, int>> reconnectOrder(const ReconnectPlan& plan) {
+  const int targets = static_cast<int>(plan.targets.size());
+  const int locals = static_cast<int>(plan.locals.size());
+  auto avoided = [&](int nic) { return nic >= 0 && nic < 64 && (plan.avoid >> nic & 1) != 0; };
+  std::vector<std::pair<int, int>> order;
+  if (locals == 0) {
+    for (int t = 0; t < targets; ++t) {
+      if (!avoided(t)) order.push_back({-1, t});
+    }
+    for (int t = 0; t < targets; ++t) {
+      if (avoided(t)) order.push_back({-1, t});
+    }
+    return order;
+  }
+  auto add = [&](bool wantAvoided, bool sameIndex) {
+    for (int l = 0; l < locals; ++l) {
+      for (int t = 0; t < targets; ++t) {
+        if ((l == t) != sameIndex || (avoided(l) || avoided(t)) != wantAvoided) continue;
+        order.push_back({l, t});
+      }
+    }
+  };
+  add(false, true);
+  add(false, false);
+  add(true, true);
+  add(true, false);
+  return order;
+}
 
 std::shared_ptr<SessionService> SessionService::acquire() {
   std::lock_guard<std::mutex> lock(gServiceMutex);
@@ -115,6 +147,7 @@ void SessionService::reconnect(ResumeEndpoint* endpoint, const ReconnectPlan& pl
     std::erase_if(attempts_, [endpoint](const Attempt& attempt) { return attempt.endpoint == endpoint; });
     watched_.erase(endpoint);
     Attempt attempt{endpoint, plan, ++nextAttemptId_};
+    attempt.order = reconnectOrder(plan);
     attempts_.push_back(std::move(attempt));
   }
   wake();
@@ -246,15 +279,22 @@ void SessionService::stepAttempts(std::unique_lock<std::mutex>& lock) {
       attempt.lastError = std::move(why);
       attempt.fd.reset();
       attempt.phase = Attempt::Phase::kWaiting;
-      attempt.nextTry = now + kRetryInterval;
+      // The next pair of NICs at once; after a round of them all, a pause.
+      attempt.next = attempt.order.empty() ? 0 : (attempt.next + 1) % attempt.order.size();
+      attempt.nextTry = attempt.next == 0 ? now + kRetryInterval : now;
     };
     auto giveUp = [&](const std::string& why) {
       attempts_.erase(it);
       callEndpoint(lock, endpoint, [&] { endpoint->resumeFailed(why); });
     };
-    if (now >= attempt.plan.deadline) {
-      giveUp(textf("not re-made to %s within its time (%d tries; last: %s)", attempt.plan.target.toString().c_str(),
-                   attempt.tries, attempt.lastError.c_str()));
+    if (now >= attempt.plan.deadline || attempt.order.empty()) {
+      giveUp(attempt.order.empty() ? std::string("the receiver named no session listener")
+                                   : textf("not re-made within its time (%d tries over %zu pairs of NICs; last: %s)",
+                                           attempt.tries, attempt.order.size(), attempt.lastError.c_str()));
+      continue;
+    }
+    if (attempt.phase != Attempt::Phase::kWaiting && now >= attempt.tryDeadline) {
+      retry(textf("no answer within %lld ms", static_cast<long long>(kTryLimit.count())));
       continue;
     }
     try {
@@ -278,13 +318,16 @@ void SessionService::stepAttempts(std::unique_lock<std::mutex>& lock) {
         current.hello.connectionId = current.plan.key.connectionId;
         current.sent = 0;
         current.got = 0;
-        current.fd = startConnect(current.plan.target, current.plan.local);
+        const auto [local, target] = current.order[current.next];
+        current.target = current.plan.targets[static_cast<size_t>(target)];
+        current.fd = startConnect(current.target, local < 0 ? SocketAddress{} : current.plan.locals[static_cast<size_t>(local)]);
         configureStream(current.fd.get(), current.plan.stream);
         current.phase = Attempt::Phase::kConnecting;
+        current.tryDeadline = now + kTryLimit;
       }
       Attempt& current = *it;
       if (current.phase == Attempt::Phase::kConnecting) {
-        if (connectFinished(current.fd.get(), current.plan.target) == 0) continue;
+        if (connectFinished(current.fd.get(), current.target) == 0) continue;
         current.phase = Attempt::Phase::kHello;
       }
       if (current.phase == Attempt::Phase::kHello) {
@@ -338,7 +381,8 @@ void SessionService::stepAttempts(std::unique_lock<std::mutex>& lock) {
         again->lastError = error.what();
         again->fd.reset();
         again->phase = Attempt::Phase::kWaiting;
-        again->nextTry = std::chrono::steady_clock::now() + kRetryInterval;
+        again->next = again->order.empty() ? 0 : (again->next + 1) % again->order.size();
+        again->nextTry = std::chrono::steady_clock::now() + (again->next == 0 ? kRetryInterval : std::chrono::milliseconds(0));
       }
     }
   }

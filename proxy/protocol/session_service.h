@@ -48,11 +48,17 @@ class ResumeEndpoint {
 
 struct ReconnectPlan {
   SessionKey key;
-  SocketAddress target;  // the peer's session listener (its kSession frame)
-  SocketAddress local;   // source address; length 0 lets the kernel choose
+  std::vector<SocketAddress> targets;  // the peer's session listeners, one per NIC, NIC 0 first (its kSession frame)
+  std::vector<SocketAddress> locals;   // source addresses, one per local NIC, NIC 0 first; empty: the kernel chooses
+  uint64_t avoid = 0;                  // bit n: NIC n failed here; its source and the peer's NIC n are tried last
   StreamOptions stream;
   std::chrono::steady_clock::time_point deadline;  // give up then
 };
+
+// The (source, target) pairs a re-made control socket tries, in order: each NIC to the peer's NIC of the same
+// index (a rail to itself) first, NICs to avoid last, then every cross pair. Indices into plan.locals/targets; a
+// source of -1 lets the kernel choose.
+std::vector<std::pair<int, int>> reconnectOrder(const ReconnectPlan& plan);
 
 class SessionService {
  public:
@@ -99,6 +105,10 @@ class SessionService {
     FrameHeader answer{};
     size_t got = 0;
     std::chrono::steady_clock::time_point nextTry{};
+    std::chrono::steady_clock::time_point tryDeadline{};  // this try's connect, hello and answer
+    std::vector<std::pair<int, int>> order;               // reconnectOrder(plan)
+    SocketAddress target;                                 // this try's
+    size_t next = 0;                                      // the pair this try uses
     std::string lastError = "no attempt finished yet";
     int tries = 0;
   };

@@ -108,7 +108,8 @@ const char* validateHello(const Hello& hello, const uint64_t secret[2]);
 // Sender -> receiver: kInline, kOversize. With kFeatureResume, both ways: kAck (size: frames of the other side
 // processed so far, mod 2^32), kResume (the first frame on a re-made control socket, from the side that accepted
 // it; size: its processed count), and receiver -> sender kSession (size: bytes of a sockaddr that follow, the
-// receiver's session listener). kAck and kResume are not numbered; every other frame is, in sending order from 0.
+// receiver's session listeners, kSessionEntryBytes each: a sockaddr, zero-padded). kAck and kResume are not numbered;
+// every other frame is, in sending order from 0.
 enum class FrameType : uint8_t {
   kClearToSend = 1, kInline = 2, kOversize = 3, kDone = 4, kAck = 5, kResume = 6, kSession = 7
 };
@@ -133,6 +134,9 @@ struct ClearToSendEntry {
   uint64_t address;
 };
 static_assert(sizeof(ClearToSendEntry) == 24);
+
+inline constexpr size_t kSessionEntryBytes = 28;  // sizeof(sockaddr_in6): one session listener in a kSession frame
+inline constexpr size_t kMaxSessionEntries = 16;
 
 // The whole length of the frame `header` starts (header and what follows it), or 0 for an unknown type.
 uint64_t frameLength(const FrameHeader& header);

@@ -108,7 +108,7 @@ bool TcpSendComm::parseClearToSends() {
   }
   control_.consume(static_cast<size_t>(used));
   if (events_.acknowledged && !control_.acknowledged(*events_.acknowledged)) return false;
-  if (!events_.session.empty() && !control_.sessionListener(events_.session.data(), events_.session.size())) {
+  if (!events_.session.empty() && !control_.sessionListeners(events_.session.data(), events_.session.size())) {
     return false;
   }
   for (const protocol::DoneFrame& delivered : done_) {
@@ -341,8 +341,13 @@ void TcpSendComm::cutIfDue(int stream, uint64_t bytes) {
   if (cutNic_ < 0 || nicOf(stream) != cutNic_) return;
   queuedOnCutNic_ += bytes;
   if (queuedOnCutNic_ < cutAfterBytes_) return;
-  RN_INFO(NCCL_NET, "NET/railnet: send comm to %s: RAILNET_FAULT_NIC_CUT cuts the data streams of NIC %d",
-          control_.peerName().c_str(), cutNic_);
+  RN_INFO(NCCL_NET, "NET/railnet: send comm to %s: RAILNET_FAULT_NIC_CUT cuts the data streams of NIC %d%s",
+          control_.peerName().c_str(), cutNic_, cutNic_ == 0 ? " and the control connection" : "");
+  if (cutNic_ == 0) {
+    // NIC 0 carries the control connection too: it goes with the NIC, and is re-made through another one.
+    control_.avoidNic(0);
+    control_.cutForTest();
+  }
   for (int s = cutNic_; s < streams_.count(); s += nics_) streams_[s].cut();
   cutNic_ = -1;
 }
@@ -395,6 +400,7 @@ void TcpSendComm::sendAgainFromFailedNics() {
     NicCounters* counters = static_cast<size_t>(nic) < nicCounters_.size() ? nicCounters_[nic] : nullptr;
     if (counters != nullptr) counters->addResent(resent[nic]);
     if ((newly >> nic & 1) == 0) continue;
+    control_.avoidNic(nic);  // a re-made control connection tries this NIC last
     if (counters != nullptr) counters->addFailure();
     const std::string name = static_cast<size_t>(nic) < nicNames_.size() ? nicNames_[nic] : "NIC " + std::to_string(nic);
     RN_WARN("NET/railnet: send connection with %s: the data streams of %s failed; %llu B of %llu send(s) in flight "

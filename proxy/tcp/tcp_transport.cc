@@ -35,6 +35,26 @@ using protocol::SocketAddress;
 constexpr int kLoopbackSpeedMbps = 100000;
 constexpr int kUnknownSpeedMbps = 10000;  // what NCCL assumes for a speed it cannot read
 
+// The local address of each NIC a receiving connection's sockets arrived on, NIC 0 first: data stream s arrived on
+// NIC s % nics. The control socket's alone when there are no data streams or an address cannot be read.
+std::vector<SocketAddress> localAddressesPerNic(const Fd& control, const std::vector<Fd>& data, size_t nics) {
+  auto localOf = [](int fd, SocketAddress* out) {
+    out->length = sizeof(out->storage);
+    return getsockname(fd, reinterpret_cast<sockaddr*>(&out->storage), &out->length) == 0;
+  };
+  std::vector<SocketAddress> locals;
+  for (size_t i = 0; i < std::max<size_t>(nics, 1) && i < data.size(); ++i) {
+    SocketAddress local;
+    if (!localOf(data[i].get(), &local)) return {};
+    locals.push_back(local);
+  }
+  if (locals.empty()) {
+    SocketAddress local;
+    if (localOf(control.get(), &local)) locals.push_back(local);
+  }
+  return locals;
+}
+
 class TcpTransport final : public Transport {
  public:
   TcpTransport() {
@@ -222,7 +242,10 @@ class TcpTransport final : public Transport {
     if (dataFailover) options.features |= protocol::kFeatureDataFailover;
     // A resumable control channel's re-made socket leaves from NIC 0, as the first one did.
     protocol::ResumeOptions resume;
-    resume.local = options.nics.empty() ? SocketAddress{} : options.nics[0].bind;
+    for (const LocalNic& nic : options.nics) {
+      if (nic.bind.length != 0) resume.locals.push_back(nic.bind);
+    }
+    if (resume.locals.size() != options.nics.size()) resume.locals.clear();  // all bound, or the kernel chooses
     resume.stream = options.stream;
     resume.limit = std::chrono::milliseconds(settings().failoverResumeMs);
     resume.cutEvery = static_cast<uint32_t>(settings().faultControlCut);
@@ -258,6 +281,7 @@ class TcpTransport final : public Transport {
       protocol::ResumeOptions session = resume;
       session.acceptor = true;
       session.key = peer.session;
+      session.locals = localAddressesPerNic(control, data, layout.nics.size());
       const bool resumable = (peer.features & protocol::kFeatureResume) != 0;
       const bool sendsAgain = (peer.features & protocol::kFeatureDataFailover) != 0;
       return std::unique_ptr<RecvComm>(new TcpRecvComm(std::move(control), std::move(data), peer.peer, layout,

@@ -457,8 +457,8 @@ TEST_CASE("fusion", "nic_failure", Scope::PerVersionOwnLoad) {
   // Rail failover on a fused TCP device (docs/failover.md): the data streams of one NIC are cut mid-transfer
   // (RAILNET_FAULT_NIC_CUT, a test feature standing in for a NIC that fails). The sender sends that NIC's chunks of
   // every send not yet delivered again over the other NICs and stripes new messages over those; every message must
-  // arrive intact, every request complete, and the failure be reported once, naming the NIC. Each NIC in turn, the
-  // first (whose NIC also carries the control connection, which stays up here) included.
+  // arrive intact, every request complete, and the failure be reported once, naming the NIC. Each NIC in turn; NIC 0
+  // carries the control connection too, which goes with it and must be re-made through another NIC.
   if (env.version < 9 || verbsTransport()) return;  // TCP's failover; verbs is failover's step 5
   for (const char* nic : {"0", "1", "2"}) {
     ScopedEnv cut("RAILNET_FAULT_NIC_CUT", nic);
@@ -477,18 +477,32 @@ TEST_CASE("fusion", "nic_failure", Scope::PerVersionOwnLoad) {
       runTransfer(net, pair.conn, simplePlan(sizes, 8, 96));
     }
     std::string failedNic;
+    std::string remade;
     std::string others;
     for (const LogRecord& record : warningsSince(mark)) {
       if (record.text.find("sent again over the other") != std::string::npos) {
         failedNic += record.text + "\n";
+      } else if (record.text.find("the control connection") != std::string::npos &&
+                 record.text.find("re-made") != std::string::npos) {
+        remade += record.text + "\n";
       } else if (record.text.find("a data stream of") == std::string::npos) {
         others += record.text + "\n";
       }
     }
+    const std::string cutAddress = "127.0." + std::to_string(std::atoi(nic) + 1) + ".1";
     REQUIRE(!failedNic.empty(), strf("NIC %s was cut, but no send connection reported it", nic));
-    REQUIRE(failedNic.find("127.0." + std::to_string(std::atoi(nic) + 1) + ".1") != std::string::npos,
+    REQUIRE(failedNic.find(cutAddress) != std::string::npos,
             "the failure WARN names another NIC than the one cut: " + failedNic);
     REQUIRE(others.empty(), "unexpected WARNs:\n" + others);
+    if (std::string(nic) == "0") {
+      // The sender's re-made control connection leaves from another NIC than the one cut ("now <local> to ...").
+      REQUIRE(remade.find("send connection") != std::string::npos, "NIC 0 was cut, but no control connection was "
+              "re-made; warnings:\n" + failedNic + remade);
+      REQUIRE(remade.find("now " + cutAddress) == std::string::npos,
+              "a control connection was re-made through the NIC that was cut:\n" + remade);
+    } else {
+      REQUIRE(remade.empty(), "a control connection was re-made though NIC 0 was fine:\n" + remade);
+    }
   }
 }
 
