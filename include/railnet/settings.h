@@ -105,6 +105,10 @@ inline constexpr int64_t kSizeMax = INT64_MAX;
     "fused device survives a NIC whose data streams fail (their chunks of sends not yet delivered go again over " \
     "the other NICs; docs/failover.md); 0: either failure fails the connection with ncclRemoteError. The "        \
     "sending side decides.")                                                                                     \
+  X(Int, failoverSilenceMs, "RAILNET_FAILOVER_SILENCE_MS", 2000, (100, kIntMax),                                 \
+    "A fused TCP device's NIC whose sockets wait this long for an acknowledgement while another NIC's answer is " \
+    "taken out of the connection (its chunks go again over the others): a silent path, not a slow peer, whose "  \
+    "kernel acknowledges.")                                                                                       \
   X(Int, failoverResumeMs, "RAILNET_FAILOVER_RESUME_MS", 2000, (10, kIntMax),                                    \
     "A broken control socket that is not re-made within this many ms fails its connection (ncclRemoteError, "   \
     "naming the peer).")                                                                                          \

@@ -31,10 +31,12 @@ std::string expandPid(const std::string& pattern) {
 
 // Several looks per limit, so a stall or a lost host is reported within 1.25 x its limit; at least once a second
 // (the dump trigger), at most 50 times a second.
-std::chrono::milliseconds tickFor(std::chrono::milliseconds limit, std::chrono::milliseconds hostSilenceLimit) {
+std::chrono::milliseconds tickFor(std::chrono::milliseconds limit, std::chrono::milliseconds hostSilenceLimit,
+                                  std::chrono::milliseconds pathSilenceLimit) {
   std::chrono::milliseconds shortest = std::chrono::seconds(4);
   if (limit.count() > 0) shortest = std::min(shortest, limit);
   if (hostSilenceLimit.count() > 0) shortest = std::min(shortest, hostSilenceLimit);
+  if (pathSilenceLimit.count() > 0) shortest = std::min(shortest, pathSilenceLimit);
   return std::max<std::chrono::milliseconds>(shortest / 4, std::chrono::milliseconds(20));
 }
 
@@ -56,15 +58,19 @@ std::shared_ptr<Watchdog> Watchdog::acquire() {
   if (!watchdog) {
     const Settings& config = settings();
     watchdog = std::make_shared<Watchdog>(std::chrono::milliseconds(config.watchdogMs),
-                                          std::chrono::milliseconds(config.peerTimeoutMs), expandPid(config.dumpFile));
+                                          std::chrono::milliseconds(config.peerTimeoutMs), expandPid(config.dumpFile),
+                                          std::chrono::milliseconds(config.failover != 0 ? config.failoverSilenceMs : 0));
     gWatchdog = watchdog;
   }
   return watchdog;
 }
 
-Watchdog::Watchdog(std::chrono::milliseconds limit, std::chrono::milliseconds hostSilenceLimit, std::string dumpFile)
-    : limit_(limit), hostSilenceLimit_(hostSilenceLimit), dumpFile_(std::move(dumpFile)) {
-  if (limit_.count() == 0 && hostSilenceLimit_.count() == 0 && dumpFile_.empty()) return;  // nothing to do: no thread
+Watchdog::Watchdog(std::chrono::milliseconds limit, std::chrono::milliseconds hostSilenceLimit, std::string dumpFile,
+                   std::chrono::milliseconds pathSilenceLimit)
+    : limit_(limit), hostSilenceLimit_(hostSilenceLimit), pathSilenceLimit_(pathSilenceLimit), dumpFile_(std::move(dumpFile)) {
+  if (limit_.count() == 0 && hostSilenceLimit_.count() == 0 && pathSilenceLimit_.count() == 0 && dumpFile_.empty()) {
+    return;  // nothing to do: no thread
+  }
   thread_ = std::thread([this] { run(); });
   pthread_setname_np(thread_.native_handle(), "railnet-watch");
   RN_INFO(NCCL_INIT | NCCL_NET, "NET/railnet: watchdog: requests with no progress for %lld ms are reported; "
@@ -100,7 +106,7 @@ void Watchdog::lookNow() {
 
 void Watchdog::run() {
   std::unique_lock<std::mutex> lock(mutex_);
-  const auto tick = tickFor(limit_, hostSilenceLimit_);
+  const auto tick = tickFor(limit_, hostSilenceLimit_, pathSilenceLimit_);
   while (!stop_) {
     wake_.wait_for(lock, tick, [this] { return stop_; });
     if (stop_) break;
@@ -111,6 +117,9 @@ void Watchdog::run() {
 void Watchdog::lookLocked(WatchClock::time_point now) {
   if (limit_.count() > 0) {
     for (Watched* watched : watched_) watched->watch(now, limit_);
+  }
+  if (pathSilenceLimit_.count() > 0) {
+    for (Watched* watched : watched_) watched->watchPaths(now, pathSilenceLimit_);
   }
   if (hostSilenceLimit_.count() > 0) {
     for (Watched* watched : watched_) watched->watchPeerHost(now, hostSilenceLimit_);

@@ -94,6 +94,9 @@ class Watched {
   // Fails the connection when the peer's host acknowledged nothing for `silenceLimit` while data or probes were in
   // flight (protocol/host_silence.h). Comms whose transport notices a lost host by itself keep this default.
   virtual void watchPeerHost(WatchClock::time_point, std::chrono::milliseconds /*silenceLimit*/) noexcept {}
+  // Rail failover: takes a NIC out of the connection when its sockets have waited `silenceLimit` for an
+  // acknowledgement while another NIC's answer (RAILNET_FAILOVER_SILENCE_MS). Comms without failover keep this.
+  virtual void watchPaths(WatchClock::time_point, std::chrono::milliseconds /*silenceLimit*/) noexcept {}
   // The comm's state for the dump, one or more lines (not ended by newlines).
   virtual void describe(WatchClock::time_point now, std::vector<std::string>* lines) noexcept = 0;
 
@@ -106,7 +109,9 @@ class Watchdog {
   // The shared watchdog, started on first use and stopped when its last user releases it.
   static std::shared_ptr<Watchdog> acquire();
   // limit: stall reports (0: none); hostSilenceLimit: lost-host checks (0: none); dumpFile: "" for no trigger.
-  Watchdog(std::chrono::milliseconds limit, std::chrono::milliseconds hostSilenceLimit, std::string dumpFile);
+  // pathSilenceLimit: rail failover's per-NIC check (0: none).
+  Watchdog(std::chrono::milliseconds limit, std::chrono::milliseconds hostSilenceLimit, std::string dumpFile,
+           std::chrono::milliseconds pathSilenceLimit = std::chrono::milliseconds(0));
   ~Watchdog();
 
   void add(Watched* watched);
@@ -124,6 +129,7 @@ class Watchdog {
 
   const std::chrono::milliseconds limit_;             // 0: no stall reports
   const std::chrono::milliseconds hostSilenceLimit_;  // 0: no lost-host checks
+  const std::chrono::milliseconds pathSilenceLimit_;  // 0: no per-NIC failover checks
   const std::string dumpFile_;
   std::mutex mutex_;
   std::condition_variable wake_;

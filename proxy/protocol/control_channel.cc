@@ -282,7 +282,7 @@ void ControlChannel::avoidNic(int nic) {
   if (nic >= 0 && nic < 64) avoidNics_ |= uint64_t{1} << nic;
 }
 
-void ControlChannel::cutForTest() {
+void ControlChannel::cut() {
   std::lock_guard<std::mutex> lock(outputMutex_);
   (void)shutdown(fd_.get(), SHUT_RDWR);
 }

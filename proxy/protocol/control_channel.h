@@ -94,8 +94,9 @@ class ControlChannel final : private ResumeEndpoint {
   bool sessionListeners(const char* entries, size_t size);
   // Sending side: NIC n failed here; a re-made socket tries its address and the peer's NIC n last.
   void avoidNic(int nic);
-  // Test feature (RAILNET_FAULT_NIC_CUT of NIC 0): shut the socket down both ways, as NIC 0's failure would.
-  void cutForTest();
+  // Shut the socket down both ways (NIC 0 taken out of the connection, or RAILNET_FAULT_NIC_CUT of NIC 0): it is
+  // re-made, through another NIC when the plan has one.
+  void cut();
   // The socket failed under the reader (under lockInput()) or a writer. Resumable: the channel waits for a re-made
   // socket (the sending side asks for one) and true is returned; else the failure is recorded, false returned.
   bool lost(const std::string& why, FailureKind kind = FailureKind::kRemote);

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "proxy/protocol/host_silence.h"
 #include "proxy/protocol/stripe_plan.h"
 #include "railnet/error.h"
 #include "railnet/log.h"
@@ -343,13 +344,21 @@ void TcpSendComm::cutIfDue(int stream, uint64_t bytes) {
   if (queuedOnCutNic_ < cutAfterBytes_) return;
   RN_INFO(NCCL_NET, "NET/railnet: send comm to %s: RAILNET_FAULT_NIC_CUT cuts the data streams of NIC %d%s",
           control_.peerName().c_str(), cutNic_, cutNic_ == 0 ? " and the control connection" : "");
-  if (cutNic_ == 0) {
+  takeNicOut(cutNic_);
+  cutNic_ = -1;
+}
+
+void TcpSendComm::takeNicOut(int nic) {
+  // Failed from now on, before its helpers see the shutdown: no new chunk goes there, and the next isend or test
+  // sends its chunks again (those its streams still hold are released when their helpers fail them).
+  failedNics_.fetch_or(uint64_t{1} << nic, std::memory_order_acq_rel);
+  failoverDue_.store(true, std::memory_order_release);
+  if (nic == 0) {
     // NIC 0 carries the control connection too: it goes with the NIC, and is re-made through another one.
     control_.avoidNic(0);
-    control_.cutForTest();
+    control_.cut();
   }
-  for (int s = cutNic_; s < streams_.count(); s += nics_) streams_[s].cut();
-  cutNic_ = -1;
+  for (int s = nic; s < streams_.count(); s += nics_) streams_[s].cut();
 }
 
 void TcpSendComm::sendAgainFromFailedNics() {
@@ -615,6 +624,46 @@ void TcpSendComm::watchPeerHost(progress::WatchClock::time_point now, std::chron
     if (auto lost = streams_.peerHostLost(control_.fd(), now, silenceLimit)) control_.recordFailure(*lost);
   } catch (...) {
     // Out of memory for a vector of descriptors: look again next round.
+  }
+}
+
+void TcpSendComm::watchPaths(progress::WatchClock::time_point now, std::chrono::milliseconds silenceLimit) noexcept {
+  if (!dataFailover_) return;
+  std::unique_lock<std::mutex> lock(mutex_, std::try_to_lock);
+  if (!lock.owns_lock() || control_.failed()) return;
+  try {
+    // Per NIC: has a socket waited the limit for an acknowledgement? A live peer's kernel acknowledges even while
+    // the process is stopped, so a silent socket is a silent path; and another NIC answering says the host is up.
+    const int streams = streams_.count();
+    if (pathSilence_.size() != static_cast<size_t>(streams) + 1) pathSilence_.assign(static_cast<size_t>(streams) + 1, {});
+    uint64_t silentNics = 0;
+    std::chrono::steady_clock::duration longest[kMaxStripeNics] = {};
+    auto judge = [&](size_t index, int fd, int nic) {
+      protocol::AckState state;
+      if (!protocol::readAckState(fd, &state)) state = protocol::AckState{};
+      const auto silence = pathSilence_[index].look(state, now);
+      longest[nic] = std::max(longest[nic], silence);
+      if (silence >= silenceLimit) silentNics |= uint64_t{1} << nic;
+    };
+    judge(0, control_.fd(), 0);
+    for (int s = 0; s < streams; ++s) {
+      if (!streams_[s].dead()) judge(static_cast<size_t>(s) + 1, streams_[s].fd(), nicOf(s));
+    }
+    uint64_t liveNics = 0;
+    for (int nic = 0; nic < nics_; ++nic) liveNics |= nicAlive(nic) ? uint64_t{1} << nic : 0;
+    const uint64_t answering = liveNics & ~silentNics;
+    if (answering == 0) return;  // every NIC silent: the host, not a path (the lost-host check's to judge)
+    for (int nic = 0; nic < nics_; ++nic) {
+      if ((liveNics & silentNics) >> nic & 1) {
+        RN_WARN("NET/railnet: send connection with %s: %s acknowledged nothing for %.1f s while other NICs answer: "
+                "taken out of the connection", control_.peerName().c_str(),
+                static_cast<size_t>(nic) < nicNames_.size() ? nicNames_[nic].c_str() : "a NIC",
+                std::chrono::duration<double>(longest[nic]).count());
+        takeNicOut(nic);
+      }
+    }
+  } catch (...) {
+    // Out of memory for the silence table: look again next round.
   }
 }
 

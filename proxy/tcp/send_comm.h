@@ -125,6 +125,10 @@ class TcpSendComm final : public SendComm, private StreamOwner, private progress
   // its pieces, copies, slots and streams.
   void watch(progress::WatchClock::time_point now, std::chrono::milliseconds limit) noexcept override;
   void watchPeerHost(progress::WatchClock::time_point now, std::chrono::milliseconds silenceLimit) noexcept override;
+  void watchPaths(progress::WatchClock::time_point now, std::chrono::milliseconds silenceLimit) noexcept override;
+  // Takes NIC `nic` out: shuts its data streams down (and, for NIC 0, the control connection it carries), so their
+  // helpers fail them and their chunks go again over the other NICs. Caller holds mutex_.
+  void takeNicOut(int nic);
   void describe(progress::WatchClock::time_point now, std::vector<std::string>* lines) noexcept override;
   void reportStalled(const SendRequest& request, progress::WatchClock::time_point now);  // holds mutex_
   std::string stagingState();  // holds mutex_
@@ -148,6 +152,7 @@ class TcpSendComm final : public SendComm, private StreamOwner, private progress
   int cutNic_ = -1;                  // RAILNET_FAULT_NIC_CUT
   uint64_t cutAfterBytes_ = 0;
   uint64_t queuedOnCutNic_ = 0;      // guarded by mutex_
+  std::vector<protocol::AckSilence> pathSilence_;  // guarded by mutex_: [0] control, [1 + s] data stream s
   std::vector<protocol::DoneFrame> done_;  // guarded by mutex_: parse's scratch
   protocol::ControlEvents events_;         // guarded by mutex_: parse's scratch
   std::atomic<std::chrono::steady_clock::time_point> lastDonePoll_{};  // test()'s last look for done frames

@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <map>
 #include <random>
 #include <string>
@@ -504,6 +505,53 @@ TEST_CASE("fusion", "nic_failure", Scope::PerVersionOwnLoad) {
       REQUIRE(remade.empty(), "a control connection was re-made though NIC 0 was fine:\n" + remade);
     }
   }
+}
+
+}  // namespace conformance
+
+namespace conformance {
+
+// A path that goes dark: iptables drops every segment to or from one NIC's address (a bad cable or optic that
+// loses frames without taking the link down). Needs its own network namespace (tests/conformance/in-netns.sh).
+TEST_CASE("fusion", "silent_nic", Scope::PerVersionOwnLoad) {
+  if (env.version < 9 || verbsTransport()) return;
+  if (std::getenv("RAILNET_TEST_NETNS") == nullptr) {
+    SKIP("needs a network namespace of its own for its iptables rule (tests/conformance/in-netns.sh)");
+  }
+  ScopedEnv silenceLimit("RAILNET_FAILOVER_SILENCE_MS", "1000");
+  FusionLoad load(env);
+  NetApi& net = *load.net;
+  NetContext ctx(net, nextCommId());
+  const std::vector<int> rails = railDevices(net);
+  const int d = fuse(load, env.version, upToThree(rails));
+  const uint64_t mark = logMark();
+  {
+    LinkedPair pair(net, d);
+    // NIC 1 goes silent once the connection is up: its data streams' chunks are never acknowledged. The sender must
+    // see that within the limit and a look (about a second each), take the NIC out while the others answer, and
+    // send its chunks again over them; every message must arrive.
+    const char* address = "127.0.2.1";
+    auto rules = [&](const char* action) {
+      bool ok = true;
+      for (const char* side : {"-s", "-d"}) {
+        ok = std::system(strf("iptables -w %s INPUT %s %s -j DROP", action, side, address).c_str()) == 0 && ok;
+      }
+      return ok;
+    };
+    REQUIRE(rules("-I"), "iptables could not drop NIC 1's address");
+    struct Restore {
+      std::function<void()> undo;
+      ~Restore() { undo(); }
+    } restore{[&] { rules("-D"); }};
+    std::mt19937_64 rng(97);
+    std::vector<size_t> sizes;
+    for (int i = 0; i < 60; ++i) sizes.push_back(randomSize(rng, std::min(options().maxSize, 4 * MiB)));
+    runTransfer(net, pair.conn, simplePlan(sizes, 8, 98));
+  }
+  REQUIRE(waitForWarning(mark, {"lo@127.0.2.1", "acknowledged nothing for", "taken out"}, std::chrono::seconds(2)),
+          "no WARN took the silent NIC out; warnings:\n" + describeWarnings(mark));
+  REQUIRE(waitForWarning(mark, {"the data streams of lo@127.0.2.1 failed", "sent again"}, std::chrono::seconds(2)),
+          "the silent NIC's chunks were not sent again; warnings:\n" + describeWarnings(mark));
 }
 
 }  // namespace conformance
