@@ -109,6 +109,10 @@ inline constexpr int64_t kSizeMax = INT64_MAX;
     "A fused TCP device's NIC whose sockets wait this long for an acknowledgement while another NIC's answer is " \
     "taken out of the connection (its chunks go again over the others): a silent path, not a slow peer, whose "  \
     "kernel acknowledges.")                                                                                       \
+  X(Int, failoverProbes, "RAILNET_FAILOVER_PROBES", 0, (0, kIntMax),                                             \
+    "Failback: a failed NIC of a fused TCP device is probed (its data streams made again through it, 1 s after "  \
+    "the failure, then with the wait doubling up to 30 s) at most this many times per connection; 0: for as long " \
+    "as the connection lives. When a probe's streams are all made, the NIC carries traffic again.")              \
   X(Int, failoverResumeMs, "RAILNET_FAILOVER_RESUME_MS", 2000, (10, kIntMax),                                    \
     "A broken control socket that is not re-made within this many ms fails its connection (ncclRemoteError, "   \
     "naming the peer).")                                                                                          \

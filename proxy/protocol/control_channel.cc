@@ -47,8 +47,45 @@ int64_t steadyNs(std::chrono::steady_clock::time_point when) {
 ControlChannel::ControlChannel(Fd fd, const SocketAddress& peer, const char* direction)
     : fd_(std::move(fd)), readFd_(fd_.get()), peerName_(peer.toString()), direction_(direction) {}
 
-ControlChannel::~ControlChannel() {
+ControlChannel::~ControlChannel() { detachFromService(); }
+
+void ControlChannel::detachFromService() {
   if (service_) service_->remove(this);  // synchronous: no service call reaches this channel afterwards
+}
+
+void ControlChannel::setRejoinHandlers(RejoinedHandler rejoined, RejoinFailedHandler failed) {
+  onRejoined_ = std::move(rejoined);
+  onRejoinFailed_ = std::move(failed);
+}
+
+bool ControlChannel::rejoin(int stream, int streams, int nic) {
+  std::lock_guard<std::mutex> lock(outputMutex_);
+  if (!resumable_ || resumeTargets_.empty() || nic < 0 || static_cast<size_t>(nic) >= resume_.locals.size()) {
+    return false;
+  }
+  ReconnectPlan plan{resume_.key, {resumeTargets_[static_cast<size_t>(stream) % resumeTargets_.size()]},
+                     {resume_.locals[static_cast<size_t>(nic)]}, 0, resume_.stream,
+                     std::chrono::steady_clock::now() + resume_.limit};
+  service_->rejoin(this, plan, stream, streams);
+  return true;
+}
+
+void ControlChannel::stopAvoiding(int nic) {
+  std::lock_guard<std::mutex> lock(outputMutex_);
+  if (nic >= 0 && nic < 64) avoidNics_ &= ~(uint64_t{1} << nic);
+}
+
+void ControlChannel::rejoinedStream(int stream, Fd socket) noexcept {
+  try {
+    configureStream(socket.get(), resume_.stream);
+  } catch (...) {
+    // Options are a tuning; the stream works without them.
+  }
+  if (onRejoined_) onRejoined_(stream, std::move(socket));
+}
+
+void ControlChannel::rejoinFailed(int stream, const std::string& why) noexcept {
+  if (onRejoinFailed_) onRejoinFailed_(stream, why);
 }
 
 void ControlChannel::recordSocketFailure(const char* what, ssize_t result) {

@@ -12,6 +12,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -97,6 +98,18 @@ class ControlChannel final : private ResumeEndpoint {
   // Shut the socket down both ways (NIC 0 taken out of the connection, or RAILNET_FAULT_NIC_CUT of NIC 0): it is
   // re-made, through another NIC when the plan has one.
   void cut();
+  // Failback (the comm's, set before enableResume): where made-again data streams go (any thread: the session
+  // service's), and, on the sending side, the ones that could not be made.
+  using RejoinedHandler = std::function<void(int stream, Fd socket)>;
+  using RejoinFailedHandler = std::function<void(int stream, const std::string& why)>;
+  void setRejoinHandlers(RejoinedHandler rejoined, RejoinFailedHandler failed);
+  // Sending side: make data stream `stream` (of `streams`) again from local NIC `nic` to the peer's listener of the
+  // same index (modulo its count). False when the receiver named no listener or this side binds no NIC address.
+  bool rejoin(int stream, int streams, int nic);
+  // NIC n answers again: a re-made control socket no longer tries it last.
+  void stopAvoiding(int nic);
+  // Before the owner tears down what the rejoin handlers touch: no service call reaches this channel afterwards.
+  void detachFromService();
   // The socket failed under the reader (under lockInput()) or a writer. Resumable: the channel waits for a re-made
   // socket (the sending side asks for one) and true is returned; else the failure is recorded, false returned.
   bool lost(const std::string& why, FailureKind kind = FailureKind::kRemote);
@@ -131,6 +144,10 @@ class ControlChannel final : private ResumeEndpoint {
   void resumed(Fd socket, uint32_t peerProcessed) noexcept override;
   void resumeFailed(const std::string& why) noexcept override;
   void peerClosed() noexcept override;
+  void rejoinedStream(int stream, Fd socket) noexcept override;
+  void rejoinFailed(int stream, const std::string& why) noexcept override;
+  RejoinedHandler onRejoined_;
+  RejoinFailedHandler onRejoinFailed_;
 
   bool lostLocked(const std::string& why, FailureKind kind);  // holds outputMutex_
   void writeLocked(const iovec* pieces, int count);           // holds outputMutex_; queues what the socket refuses

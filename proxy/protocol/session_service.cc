@@ -144,10 +144,27 @@ void SessionService::watch(ResumeEndpoint* endpoint, Fd socket) {
 void SessionService::reconnect(ResumeEndpoint* endpoint, const ReconnectPlan& plan) {
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    std::erase_if(attempts_, [endpoint](const Attempt& attempt) { return attempt.endpoint == endpoint; });
+    std::erase_if(attempts_, [endpoint](const Attempt& attempt) {
+      return attempt.endpoint == endpoint && attempt.rejoinStream < 0;
+    });
     watched_.erase(endpoint);
     Attempt attempt{endpoint, plan, ++nextAttemptId_};
     attempt.order = reconnectOrder(plan);
+    attempts_.push_back(std::move(attempt));
+  }
+  wake();
+}
+
+void SessionService::rejoin(ResumeEndpoint* endpoint, const ReconnectPlan& plan, int stream, int streams) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    Attempt attempt{endpoint, plan, ++nextAttemptId_};
+    attempt.order = {{plan.locals.empty() ? -1 : 0, 0}};
+    attempt.rejoinStream = stream;
+    attempt.frozen = true;  // nothing to freeze: a data stream
+    attempt.hello.streamIndex = static_cast<uint16_t>(stream);
+    attempt.hello.streamCount = static_cast<uint16_t>(streams);
+    attempt.plan.deadline = std::min(plan.deadline, std::chrono::steady_clock::now() + kTryLimit);
     attempts_.push_back(std::move(attempt));
   }
   wake();
@@ -248,7 +265,8 @@ bool SessionService::serveArrival(std::unique_lock<std::mutex>& lock, Arrival& a
   }
   const Hello& hello = arrival.hello;
   if (hello.magic != kHelloMagic || hello.version != kWireVersion) return reject("not a railnet resume hello");
-  if (hello.role != static_cast<uint16_t>(StreamRole::kResume)) return reject("not a re-made control socket");
+  const bool rejoining = hello.role == static_cast<uint16_t>(StreamRole::kRejoin);
+  if (hello.role != static_cast<uint16_t>(StreamRole::kResume) && !rejoining) return reject("not a re-made socket");
   auto found = acceptors_.find(hello.connectionId);
   if (found == acceptors_.end()) {
     // The receive comm closed (or never existed): closing the socket tells the sender at once.
@@ -261,6 +279,11 @@ bool SessionService::serveArrival(std::unique_lock<std::mutex>& lock, Arrival& a
   }
   ResumeEndpoint* endpoint = found->second.endpoint;
   Fd socket = std::move(arrival.fd);
+  if (rejoining) {
+    const int stream = hello.streamIndex;
+    callEndpoint(lock, endpoint, [&] { endpoint->rejoinedStream(stream, std::move(socket)); });
+    return true;
+  }
   const uint32_t peerProcessed = hello.resumeProcessed;
   callEndpoint(lock, endpoint, [&] { endpoint->resumed(std::move(socket), peerProcessed); });
   return true;
@@ -283,9 +306,14 @@ void SessionService::stepAttempts(std::unique_lock<std::mutex>& lock) {
       attempt.next = attempt.order.empty() ? 0 : (attempt.next + 1) % attempt.order.size();
       attempt.nextTry = attempt.next == 0 ? now + kRetryInterval : now;
     };
+    const int rejoinStream = attempt.rejoinStream;
     auto giveUp = [&](const std::string& why) {
       attempts_.erase(it);
-      callEndpoint(lock, endpoint, [&] { endpoint->resumeFailed(why); });
+      if (rejoinStream >= 0) {
+        callEndpoint(lock, endpoint, [&] { endpoint->rejoinFailed(rejoinStream, why); });
+      } else {
+        callEndpoint(lock, endpoint, [&] { endpoint->resumeFailed(why); });
+      }
     };
     if (now >= attempt.plan.deadline || attempt.order.empty()) {
       giveUp(attempt.order.empty() ? std::string("the receiver named no session listener")
@@ -312,7 +340,7 @@ void SessionService::stepAttempts(std::unique_lock<std::mutex>& lock) {
         ++current.tries;
         current.hello.magic = kHelloMagic;
         current.hello.version = kWireVersion;
-        current.hello.role = static_cast<uint16_t>(StreamRole::kResume);
+        current.hello.role = static_cast<uint16_t>(current.rejoinStream >= 0 ? StreamRole::kRejoin : StreamRole::kResume);
         current.hello.secret[0] = current.plan.key.secret[0];
         current.hello.secret[1] = current.plan.key.secret[1];
         current.hello.connectionId = current.plan.key.connectionId;
@@ -342,6 +370,14 @@ void SessionService::stepAttempts(std::unique_lock<std::mutex>& lock) {
           current.sent += static_cast<size_t>(sent);
         }
         if (current.sent < sizeof(Hello)) continue;
+        if (current.rejoinStream >= 0) {
+          // A data stream: nothing answers; it is the comm's now.
+          Fd socket = std::move(current.fd);
+          const int stream = current.rejoinStream;
+          attempts_.erase(it);
+          callEndpoint(lock, endpoint, [&] { endpoint->rejoinedStream(stream, std::move(socket)); });
+          continue;
+        }
         current.phase = Attempt::Phase::kAnswer;
       }
       if (current.phase == Attempt::Phase::kAnswer) {

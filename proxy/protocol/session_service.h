@@ -41,6 +41,10 @@ class ResumeEndpoint {
   virtual void resumeFailed(const std::string& why) noexcept = 0;
   // Sending side: the peer closed the current control socket (or it failed).
   virtual void peerClosed() noexcept = 0;
+  // Failback: data stream `stream` made again (sending side: connected and its hello written; receiving side: its
+  // hello arrived), or (sending side) not made (why).
+  virtual void rejoinedStream(int stream, Fd socket) noexcept = 0;
+  virtual void rejoinFailed(int stream, const std::string& why) noexcept = 0;
 
  protected:
   ~ResumeEndpoint() = default;
@@ -77,6 +81,9 @@ class SessionService {
   void watch(ResumeEndpoint* endpoint, Fd socket);
   // Sending side: re-make the control socket as planned (replaces an attempt in progress).
   void reconnect(ResumeEndpoint* endpoint, const ReconnectPlan& plan);
+  // Sending side, failback: make data stream `stream` (of `streams`) again from plan.locals[0] to plan.targets[0],
+  // one try of at most the try limit; rejoinedStream or rejoinFailed follows.
+  void rejoin(ResumeEndpoint* endpoint, const ReconnectPlan& plan, int stream, int streams);
   // Synchronous: once it returns, the service never calls `endpoint` again.
   void remove(ResumeEndpoint* endpoint);
 
@@ -107,6 +114,7 @@ class SessionService {
     std::chrono::steady_clock::time_point nextTry{};
     std::chrono::steady_clock::time_point tryDeadline{};  // this try's connect, hello and answer
     std::vector<std::pair<int, int>> order;               // reconnectOrder(plan)
+    int rejoinStream = -1;                                 // >= 0: failback of that data stream, one try
     SocketAddress target;                                 // this try's
     size_t next = 0;                                      // the pair this try uses
     std::string lastError = "no attempt finished yet";

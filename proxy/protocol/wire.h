@@ -68,7 +68,10 @@ std::vector<ListenAddress> handleAddresses(const Handle& handle);
 
 // kResume: a control socket re-made for a connection whose control socket broke (docs/failover.md, "The session
 // layer"); it goes to the receiving side's session listener (SessionService), never to a listen comm.
-enum class StreamRole : uint16_t { kControl = 0, kData = 1, kResume = 2 };
+// kRejoin: a data stream made again through a NIC that had failed and answers again (failback), to the receiver's
+// session listener of that NIC; streamIndex names the stream it replaces. Nothing answers it: the sender writes
+// chunks right after the hello.
+enum class StreamRole : uint16_t { kControl = 0, kData = 1, kResume = 2, kRejoin = 3 };
 
 // First bytes on every socket, client to server.
 struct Hello {

@@ -21,6 +21,16 @@ void DataStreams::setCounters(const NicLayout& layout) {
   for (size_t i = 0; i < pending_.size(); ++i) shaping_.push_back(layout.shaping[i % layout.shaping.size()]);
 }
 
+bool DataStreams::rejoin(int index, Fd socket) {
+  Stream& stream = *streams_.at(static_cast<size_t>(index));
+  const bool wasDead = stream.dead();
+  engine_->detach(&stream);
+  stream.restart(std::move(socket));
+  engine_->attach(&stream);
+  stream.revive();
+  return wasDead;
+}
+
 void DataStreams::start(StreamOwner* owner, bool releaseOnFailure) {
   started_ = true;
   if (pending_.empty()) return;

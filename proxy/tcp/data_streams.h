@@ -39,6 +39,9 @@ class DataStreams {
   void start(StreamOwner* owner, bool releaseOnFailure = false);
   // Takes the streams back; after it returns no helper calls the owner.
   void stop();
+  // Failback: stream `index` starts again on `socket` (detached, restarted, attached, revived). True when it was
+  // dead before (a live one, whose path went silent, is replaced as well).
+  bool rejoin(int index, Fd socket);
 
   int count() const { return static_cast<int>(started_ ? streams_.size() : pending_.size()); }
   // Distinct helper threads serving the streams, fixed at start(): pieces of one message beyond this many run

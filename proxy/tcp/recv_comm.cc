@@ -35,6 +35,9 @@ TcpRecvComm::TcpRecvComm(Fd control, std::vector<Fd> data, const protocol::Socke
       streams_(std::move(data)),
       openStreams_(0) {
   if (!layout.nics.empty()) control_.setCounters(layout.nics[0]);
+  if (dataFailover_) {
+    control_.setRejoinHandlers([this](int stream, Fd socket) { streamRejoined(stream, std::move(socket)); }, {});
+  }
   if (resume != nullptr) control_.enableResume(*resume);
   streams_.setCounters(layout);
   ring_.prepare([this](RecvRequest& entry) { entry.setOwner(this); });
@@ -47,6 +50,7 @@ TcpRecvComm::TcpRecvComm(Fd control, std::vector<Fd> data, const protocol::Socke
 
 TcpRecvComm::~TcpRecvComm() {
   watchdog_.reset();
+  control_.detachFromService();  // no rejoined stream arrives while the streams go
   streams_.stop();
   // The sender's last sends complete on their done frames: let them leave (they fit the socket's buffer unless the
   // sender stopped reading, hence the bound).
@@ -410,6 +414,22 @@ void TcpRecvComm::pumpStaging() {
       return;
     }
     copyingUp_.push_back(CopyingUp{piece, now});
+  }
+}
+
+void TcpRecvComm::streamRejoined(int stream, Fd socket) noexcept {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (!dataFailover_ || stream < 0 || stream >= streams_.count()) return;  // the socket closes
+  try {
+    if (streams_.rejoin(stream, std::move(socket))) openStreams_.fetch_add(1, std::memory_order_acq_rel);
+    const int nic = stream % nics_;
+    if ((failedNics_.fetch_and(~(uint64_t{1} << nic), std::memory_order_acq_rel) >> nic & 1) != 0) {
+      RN_INFO(NCCL_NET, "NET/railnet: receive connection from %s: the sender makes the data streams of %s again",
+              control_.peerName().c_str(), static_cast<size_t>(nic) < nicNames_.size() ? nicNames_[nic].c_str() : "a NIC");
+    }
+  } catch (const std::exception& error) {
+    RN_WARN("NET/railnet: receive connection from %s: taking data stream %d made again failed: %s",
+            control_.peerName().c_str(), stream, error.what());
   }
 }
 

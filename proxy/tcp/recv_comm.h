@@ -81,6 +81,8 @@ class TcpRecvComm final : public RecvComm, private StreamOwner, private progress
   // with the next flush.
   void sendDone(uint32_t recvId, int slot);
   void streamFailed(int streamIndex, const char* why, int err, bool endOfStream) noexcept override;
+  // Failback: the sender made data stream `stream` again through a NIC that answers again (session service thread).
+  void streamRejoined(int stream, Fd socket) noexcept;
 
   protocol::ControlChannel control_;
   const bool sendDoneFrames_;

@@ -58,12 +58,19 @@ TcpSendComm::TcpSendComm(Fd control, std::vector<Fd> data, const protocol::Socke
     cutNic_ = static_cast<int>(config.faultNicCut);
     cutAfterBytes_ = static_cast<uint64_t>(config.faultNicCutBytes);
   }
+  probes_.resize(static_cast<size_t>(nics_));
+  probeCap_ = static_cast<uint64_t>(config.failoverProbes);
+  if (dataFailover_) {
+    control_.setRejoinHandlers([this](int stream, Fd socket) { streamRejoined(stream, std::move(socket)); },
+                               [this](int stream, const std::string& why) { rejoinFailed(stream, why); });
+  }
   streams_.start(this, dataFailover_);  // helper threads may call stealChunk at once
   watchdog_.start(this);
 }
 
 TcpSendComm::~TcpSendComm() {
   watchdog_.reset();
+  control_.detachFromService();  // no rejoined stream arrives while the streams go
   streams_.stop();
   if (held_.groupsCarried() != 0) {
     RN_INFO(NCCL_NET, "NET/railnet: send comm to %s carried %llu members of grouped receives in %llu writes",
@@ -410,6 +417,12 @@ void TcpSendComm::sendAgainFromFailedNics() {
     if (counters != nullptr) counters->addResent(resent[nic]);
     if ((newly >> nic & 1) == 0) continue;
     control_.avoidNic(nic);  // a re-made control connection tries this NIC last
+    NicProbe& probe = probes_[static_cast<size_t>(nic)];
+    probe = NicProbe{};
+    probe.failedAt = std::chrono::steady_clock::now();
+    probe.nextProbe = probe.failedAt + probe.wait;
+    // Every stream of the NIC goes, not only the one that failed: the NIC is out until a probe makes them all again.
+    for (int s = nic; s < streams_.count(); s += nics_) streams_[s].cut();
     if (counters != nullptr) counters->addFailure();
     const std::string name = static_cast<size_t>(nic) < nicNames_.size() ? nicNames_[nic] : "NIC " + std::to_string(nic);
     RN_WARN("NET/railnet: send connection with %s: the data streams of %s failed; %llu B of %llu send(s) in flight "
@@ -652,6 +665,7 @@ void TcpSendComm::watchPaths(progress::WatchClock::time_point now, std::chrono::
     uint64_t liveNics = 0;
     for (int nic = 0; nic < nics_; ++nic) liveNics |= nicAlive(nic) ? uint64_t{1} << nic : 0;
     const uint64_t answering = liveNics & ~silentNics;
+    probeFailedNics(now);
     if (answering == 0) return;  // every NIC silent: the host, not a path (the lost-host check's to judge)
     for (int nic = 0; nic < nics_; ++nic) {
       if ((liveNics & silentNics) >> nic & 1) {
@@ -665,6 +679,86 @@ void TcpSendComm::watchPaths(progress::WatchClock::time_point now, std::chrono::
   } catch (...) {
     // Out of memory for the silence table: look again next round.
   }
+}
+
+void TcpSendComm::probeFailedNics(std::chrono::steady_clock::time_point now) {
+  constexpr std::chrono::milliseconds kLongestWait{30000};
+  const uint64_t failed = failedNics_.load(std::memory_order_acquire) & handledNics_;
+  for (int nic = 0; nic < nics_; ++nic) {
+    NicProbe& probe = probes_[static_cast<size_t>(nic)];
+    if ((failed >> nic & 1) == 0 || probe.probing || now < probe.nextProbe) continue;
+    if (probeCap_ != 0 && probe.probes >= probeCap_) continue;
+    // Streams still live were made by an earlier probe; the dead ones are made again now. One still dying (its
+    // helper has not released what it held) waits for the next probe.
+    int dead = 0;
+    bool dying = false;
+    for (int s = nic; s < streams_.count(); s += nics_) {
+      if (streams_[s].dead()) {
+        ++dead;
+      } else if (probe.probes == 0) {
+        dying = true;  // shut down when the NIC failed; its helper has not failed it yet
+      }
+    }
+    probe.nextProbe = now + probe.wait;
+    probe.wait = std::min(probe.wait * 2, kLongestWait);
+    if (dying) continue;
+    ++probe.probes;
+    probe.probing = true;
+    probe.rejoined = 0;
+    int asked = 0;
+    for (int s = nic; s < streams_.count(); s += nics_) {
+      if (!streams_[s].dead()) {
+        ++probe.rejoined;
+      } else if (control_.rejoin(s, streams_.count(), nic)) {
+        ++asked;
+      }
+    }
+    if (asked == 0 && dead > 0) {
+      probe.probing = false;  // no address to probe from (the kernel chose the source): failback needs bound NICs
+      probe.probes = probeCap_ != 0 ? probeCap_ : UINT64_MAX;
+    }
+  }
+}
+
+void TcpSendComm::streamRejoined(int stream, Fd socket) noexcept {
+  std::lock_guard<std::mutex> lock(mutex_);
+  try {
+    const int nic = nicOf(stream);
+    NicProbe& probe = probes_[static_cast<size_t>(nic)];
+    if (!probe.probing || !streams_[stream].dead()) return;  // the socket closes: nothing wants it
+    streams_.rejoin(stream, std::move(socket));
+    const int ofNic = (streams_.count() - nic + nics_ - 1) / nics_;
+    if (++probe.rejoined < ofNic) return;
+    // Every stream of the NIC made again: it carries traffic from the next message on. Chunks still due to go
+    // again leave first, while the NIC still counts as failed.
+    if (failoverDue_.load(std::memory_order_acquire)) sendAgainFromFailedNics();
+    probe.probing = false;
+    handledNics_ &= ~(uint64_t{1} << nic);
+    failedNics_.fetch_and(~(uint64_t{1} << nic), std::memory_order_acq_rel);
+    control_.stopAvoiding(nic);
+    for (int s = nic; s < streams_.count(); s += nics_) {
+      if (pathSilence_.size() > static_cast<size_t>(s) + 1) pathSilence_[static_cast<size_t>(s) + 1].reset();
+    }
+    const std::string name = static_cast<size_t>(nic) < nicNames_.size() ? nicNames_[nic] : "NIC " + std::to_string(nic);
+    RN_WARN("NET/railnet: send connection with %s: %s answers again %.1f s after it failed (probe %llu): its %d data "
+            "stream(s) are made again and it carries traffic again", control_.peerName().c_str(), name.c_str(),
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - probe.failedAt).count(),
+            static_cast<unsigned long long>(probe.probes), ofNic);
+  } catch (const std::exception& error) {
+    RN_WARN("NET/railnet: send connection with %s: making data stream %d again failed: %s", control_.peerName().c_str(),
+            stream, error.what());
+  }
+}
+
+void TcpSendComm::rejoinFailed(int stream, const std::string& why) noexcept {
+  std::lock_guard<std::mutex> lock(mutex_);
+  NicProbe& probe = probes_[static_cast<size_t>(nicOf(stream))];
+  if (!probe.probing) return;
+  probe.probing = false;  // the next probe, after its wait, tries the streams still dead
+  RN_INFO(NCCL_NET, "NET/railnet: send connection with %s: probe %llu of NIC %d failed (stream %d: %s); next in %lld ms",
+          control_.peerName().c_str(), static_cast<unsigned long long>(probe.probes), nicOf(stream), stream, why.c_str(),
+          static_cast<long long>(std::chrono::duration_cast<std::chrono::milliseconds>(
+                                     probe.nextProbe - std::chrono::steady_clock::now()).count()));
 }
 
 void TcpSendComm::describe(progress::WatchClock::time_point now, std::vector<std::string>* lines) noexcept {

@@ -99,6 +99,11 @@ class TcpSendComm final : public SendComm, private StreamOwner, private progress
   int nicOf(int stream) const { return stream % nics_; }
   bool nicAlive(int nic) const { return (failedNics_.load(std::memory_order_acquire) >> nic & 1) == 0; }
   void cutIfDue(int stream, uint64_t bytes);  // RAILNET_FAULT_NIC_CUT
+  // Failback (docs/failover.md): probes due NICs (the watchdog thread, holding mutex_); a stream made again or not
+  // (the session service's thread).
+  void probeFailedNics(std::chrono::steady_clock::time_point now);
+  void streamRejoined(int stream, Fd socket) noexcept;
+  void rejoinFailed(int stream, const std::string& why) noexcept;
 
   // ---- pieces (GPU memory at either end); caller holds mutex_ ----
   struct Piece {
@@ -153,6 +158,16 @@ class TcpSendComm final : public SendComm, private StreamOwner, private progress
   uint64_t cutAfterBytes_ = 0;
   uint64_t queuedOnCutNic_ = 0;      // guarded by mutex_
   std::vector<protocol::AckSilence> pathSilence_;  // guarded by mutex_: [0] control, [1 + s] data stream s
+  struct NicProbe {  // a failed NIC's failback, guarded by mutex_
+    std::chrono::steady_clock::time_point failedAt{};
+    std::chrono::steady_clock::time_point nextProbe{};
+    std::chrono::milliseconds wait{1000};
+    uint64_t probes = 0;
+    bool probing = false;   // its streams are being made again
+    int rejoined = 0;       // streams of this probe made so far
+  };
+  std::vector<NicProbe> probes_;
+  uint64_t probeCap_ = 0;  // RAILNET_FAILOVER_PROBES
   std::vector<protocol::DoneFrame> done_;  // guarded by mutex_: parse's scratch
   protocol::ControlEvents events_;         // guarded by mutex_: parse's scratch
   std::atomic<std::chrono::steady_clock::time_point> lastDonePoll_{};  // test()'s last look for done frames

@@ -94,6 +94,31 @@ bool Stream::enqueue(const SendOp& op) {
 
 void Stream::cut() { (void)shutdown(fd_.get(), SHUT_RDWR); }
 
+void Stream::restart(Fd fd) {
+  fd_ = std::move(fd);
+  connectionKey_ = connectionKeyOf(fd_.get());
+  {
+    std::lock_guard<std::mutex> lock(queueMutex_);
+    queue_.clear();
+  }
+  queuedBytes_.store(0, std::memory_order_relaxed);
+  sending_.clear();
+  sentOfFront_ = 0;
+  incoming_ = {};
+  headerBytes_ = 0;
+  destination_ = nullptr;
+  payloadLeft_ = 0;
+  inPayload_ = false;
+  awaitingDestination_ = false;
+  waitingForSlot_.store(false, std::memory_order_relaxed);
+  discarding_ = false;
+  readable_ = true;
+  writable_ = true;
+  peerClosed_ = false;
+  shapedUntilNs_ = 0;
+  shapedWait_ = false;
+}
+
 void Stream::fail(const char* why, int err, bool endOfStream) {
   if (dead_.exchange(true)) return;
   if (releaseOnFailure_) {

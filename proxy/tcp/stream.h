@@ -90,6 +90,10 @@ class Stream final : public progress::EventSource {
   bool dead() const { return dead_.load(std::memory_order_acquire); }
   // Any thread, a test feature (RAILNET_FAULT_NIC_CUT): shut the socket down both ways, as a failing path would.
   void cut();
+  // Failback, while detached from the engine: the stream starts again on `fd` (a socket made through its NIC
+  // again), with nothing queued and nothing half read or written; revive() once attached again.
+  void restart(Fd fd);
+  void revive() { dead_.store(false, std::memory_order_release); }
   // Receiver side, any thread: a chunk this stream was told to retry later may have a destination now.
   void resumeReceive() { wake(); }
   // Any helper: moves the oldest queued chunk to *out (for an idle sibling) if one more stays queued behind it
@@ -128,7 +132,7 @@ class Stream final : public progress::EventSource {
   shaping::EgressShaping shaping_;  // fabric emulation: what this stream may write when (inactive: anything)
   int64_t shapedUntilNs_ = 0;       // helper only: nothing is written before this CLOCK_MONOTONIC time
   bool shapedWait_ = false;         // helper only: the last send pass stopped for the bucket
-  const uint64_t connectionKey_;  // the same for both ends of one TCP connection (its two addresses, in order)
+  uint64_t connectionKey_;  // the same for both ends of one TCP connection (its two addresses, in order)
   const uint64_t passBytes_;      // most bytes moved per direction in one progress() (RAILNET_TCP_PASS_BYTES)
 
   std::mutex queueMutex_;

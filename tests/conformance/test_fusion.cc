@@ -555,3 +555,44 @@ TEST_CASE("fusion", "silent_nic", Scope::PerVersionOwnLoad) {
 }
 
 }  // namespace conformance
+
+namespace conformance {
+
+TEST_CASE("fusion", "nic_failback", Scope::PerVersionOwnLoad) {
+  // Failback (docs/failover.md): NIC 1's data streams are cut after 2 MiB; a second later the sender probes the NIC,
+  // makes its streams again through it, and the NIC carries traffic again. Messages keep flowing throughout and
+  // must all arrive; after the NIC answers again, it must carry a share of a large transfer.
+  if (env.version < 12 || verbsTransport()) return;  // one version: the probes take seconds
+  ScopedEnv cut("RAILNET_FAULT_NIC_CUT", "1");
+  ScopedEnv after("RAILNET_FAULT_NIC_CUT_BYTES", "2097152");
+  FusionLoad load(env);
+  NetApi& net = *load.net;
+  const uint64_t mark = logMark();
+  {
+    NetContext ctx(net, nextCommId());
+    const std::vector<int> rails = railDevices(net);
+    const int d = fuse(load, env.version, upToThree(rails));
+    LinkedPair pair(net, d);
+    std::mt19937_64 rng(99);
+    bool back = false;
+    for (const Deadline deadline(std::chrono::seconds(20)); !back; deadline.check("NIC 1 to answer again")) {
+      std::vector<size_t> sizes;
+      for (int i = 0; i < 16; ++i) sizes.push_back(randomSize(rng, 2 * MiB));
+      runTransfer(net, pair.conn, simplePlan(sizes, 8, rng()));
+      for (const LogRecord& record : warningsSince(mark)) {
+        back = back || record.text.find("lo@127.0.2.1 answers again") != std::string::npos;
+      }
+    }
+    // Back: a transfer striped over every NIC again.
+    runTransfer(net, pair.conn, simplePlan(std::vector<size_t>(16, 8 * MiB), 4, 100));
+  }
+  REQUIRE(waitForWarning(mark, {"the data streams of lo@127.0.2.1 failed"}, std::chrono::seconds(1)),
+          "NIC 1's failure was not reported; warnings:\n" + describeWarnings(mark));
+  const std::map<std::string, NicLine> lines = nicLinesSince(mark);
+  REQUIRE(lines.count("lo@127.0.2.1") == 1, "no counter line for lo@127.0.2.1");
+  // 2 MiB before the cut; the last transfer alone stripes 128 MiB over three NICs, about 42 MiB each.
+  REQUIRE(lines.at("lo@127.0.2.1").sent >= 20 * MiB,
+          strf("NIC 1 sent %llu bytes in all: it did not carry traffic again", lines.at("lo@127.0.2.1").sent));
+}
+
+}  // namespace conformance
