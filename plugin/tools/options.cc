@@ -53,6 +53,9 @@ constexpr const char* kUsage =
     "  --to DEVICE       railnet's sender connects from --device to a receiver listening on DEVICE (and back the\n"
     "                    reverse way): with two loopback rails (RAILNET_TCP_ADDRESSES), a cross-rail connection,\n"
     "                    e.g. for fabric shaping (docs/fabric-shaping.md)\n"
+    "  --timeline S      railnet's bandwidth over time instead of the tables: --max-size messages one way through\n"
+    "                    --device for S seconds, one row per ~100 ms slice (t_s, GB/s; --csv writes them too):\n"
+    "                    a NIC's failure and failback seen as they happen (docs/failover.md)\n"
     "  --gin             railnet's GIN backend (ncclGinPlugin_v11, NCCL's device API path, no NCCL): two ranks in\n"
     "                    this process put the buffers with iput, the last of each stream with iputSignal, as NCCL's\n"
     "                    GIN progress thread does; the baseline is the same device's isend/irecv. Ping-pong is a\n"
@@ -138,6 +141,7 @@ Options parseOptions(int argc, char** argv) {
     else if (arg == "--group") options.group = parseGroup(value());
     else if (arg == "--to") options.to = value();
     else if (arg == "--gin") options.gin = true;
+    else if (arg == "--timeline") options.timeline = parseSeconds(value());
     else if (arg == "-v" || arg == "--verbose") options.verbose = true;
     else if (arg == "--version") {
       printf("railnet-bench %s (revision %s)\n", railnet::kVersion, railnet::revision());

@@ -30,6 +30,7 @@ struct Options {
   int group = 1;                // --group N: grouped receives of N buffers against N single receives
   std::string to;               // --to DEVICE: railnet connects from --device to DEVICE's listener
   bool gin = false;             // --gin: railnet's GIN puts (iput/iputSignal) against its isend/irecv
+  double timeline = 0;          // --timeline S: one way, --max-size messages, bandwidth per 100 ms for S seconds
   bool againstRaw() const { return against == "raw"; }
 };
 

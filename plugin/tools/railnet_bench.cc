@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
@@ -276,6 +277,34 @@ int run(const Options& options) {
   }
   printHeader(description);
   json.describe(description);
+  if (options.timeline > 0) {
+    // Slices of about 100 ms: as many messages as the last slice's rate moves in that time.
+    FILE* out = options.csv.empty() ? nullptr : fopen(options.csv.c_str(), "w");
+    if (out != nullptr) fprintf(out, "t_s,gbps\n");
+    printf("timeline: %s messages one way, %.1f s; t_s GB/s per slice\n", sizeText(options.maxSize).c_str(),
+           options.timeline);
+    const auto start = std::chrono::steady_clock::now();
+    uint64_t count = 4;
+    try {
+      for (;;) {
+        const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+        if (elapsed >= options.timeline) break;
+        guard.setPhase("timeline");
+        const double seconds = measured.stream(options.maxSize, count);
+        const double at = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+        const double gbps = static_cast<double>(options.maxSize) * static_cast<double>(count) / seconds / 1e9;
+        printf("%.3f %.3f\n", at, gbps);
+        if (out != nullptr) fprintf(out, "%.3f,%.3f\n", at, gbps);
+        count = std::max<uint64_t>(1, static_cast<uint64_t>(gbps * 1e9 * 0.1 / static_cast<double>(options.maxSize)));
+      }
+      if (out != nullptr) fclose(out);
+      baseline.reset();
+      railnet.shutdown();
+    } catch (const std::exception& error) {
+      die(error);
+    }
+    return 0;
+  }
   if (gin) {
     // NCCL's device-API signal (a put of 0 bytes) has no payload: the round trip that matters most for GIN.
     std::vector<double> halfRttUs;
