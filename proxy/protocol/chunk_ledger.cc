@@ -11,6 +11,8 @@ ChunkLedger::Verdict ChunkLedger::add(uint64_t offset, uint64_t length, uint64_t
     return Verdict::kConflict;
   }
   std::lock_guard<std::mutex> lock(mutex_);
+  // The chunk is whole: its claim, if it had one, ends.
+  std::erase_if(claims_, [&](const Range& claimed) { return claimed.begin == offset && claimed.end == offset + length; });
   if (!sized_) {
     sized_ = true;
     messageSize_ = messageSize;
@@ -56,6 +58,28 @@ ChunkLedger::Verdict ChunkLedger::add(uint64_t offset, uint64_t length, uint64_t
     return Verdict::kComplete;
   }
   return Verdict::kCounted;
+}
+
+bool ChunkLedger::coveredLocked(uint64_t offset, uint64_t end) const {
+  auto over = std::upper_bound(ranges_.begin(), ranges_.end(), offset,
+                               [](uint64_t at, const Range& range) { return at < range.end; });
+  return over != ranges_.end() && over->begin <= offset && end <= over->end;
+}
+
+ChunkLedger::Claim ChunkLedger::claim(uint64_t offset, uint64_t length) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  const uint64_t end = offset + length;
+  if (length == 0 ? complete_ : coveredLocked(offset, end)) return Claim::kPlaced;
+  for (const Range& claimed : claims_) {
+    if (claimed.begin == offset && claimed.end == end) return Claim::kBusy;
+  }
+  claims_.push_back(Range{offset, end});
+  return Claim::kGo;
+}
+
+void ChunkLedger::release(uint64_t offset, uint64_t length) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  std::erase_if(claims_, [&](const Range& claimed) { return claimed.begin == offset && claimed.end == offset + length; });
 }
 
 }  // namespace railnet::protocol

@@ -23,9 +23,21 @@ class ChunkLedger {
     kConflict,   // a protocol error (partial overlap, another message size, out of bounds): nothing counted
   };
 
+  // Rail failover sends a chunk again while its first copy may still be on its way: two streams must never write
+  // the same bytes at once, and a copy must not land after its buffer completed. So on such connections a stream
+  // claims a chunk's range before it writes it (claim), and add() or release() ends the claim.
+  enum class Claim {
+    kGo,      // claimed: write it, then add() (or release() when the stream fails before the chunk is whole)
+    kPlaced,  // every byte was placed before: drop the payload
+    kBusy,    // another stream is writing exactly this chunk now: wait for its add() or release()
+  };
+  Claim claim(uint64_t offset, uint64_t length);
+  void release(uint64_t offset, uint64_t length);
+
   // For the next message into this buffer. Not concurrent with add() (the buffer is being posted).
   void reset() {
     std::lock_guard<std::mutex> lock(mutex_);
+    claims_.clear();
     ranges_.clear();
     sized_ = false;
     messageSize_ = 0;
@@ -53,6 +65,8 @@ class ChunkLedger {
 
   mutable std::mutex mutex_;
   std::vector<Range> ranges_;  // sorted, disjoint, touching ranges merged; guarded by mutex_
+  std::vector<Range> claims_;  // chunks a stream is writing now (failover connections); guarded by mutex_
+  bool coveredLocked(uint64_t offset, uint64_t end) const;  // holds mutex_: placed in full
   bool sized_ = false;        // the first chunk has named the message's size; guarded by mutex_
   uint64_t messageSize_ = 0;  // guarded by mutex_
   bool complete_ = false;                // guarded by mutex_

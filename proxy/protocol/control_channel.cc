@@ -58,7 +58,7 @@ void ControlChannel::setRejoinHandlers(RejoinedHandler rejoined, RejoinFailedHan
   onRejoinFailed_ = std::move(failed);
 }
 
-bool ControlChannel::rejoin(int stream, int streams, int nic) {
+bool ControlChannel::rejoin(int stream, int streams, int nic, uint32_t failure) {
   std::lock_guard<std::mutex> lock(outputMutex_);
   if (!resumable_ || resumeTargets_.empty() || nic < 0 || static_cast<size_t>(nic) >= resume_.locals.size()) {
     return false;
@@ -66,7 +66,7 @@ bool ControlChannel::rejoin(int stream, int streams, int nic) {
   ReconnectPlan plan{resume_.key, {resumeTargets_[static_cast<size_t>(stream) % resumeTargets_.size()]},
                      {resume_.locals[static_cast<size_t>(nic)]}, 0, resume_.stream,
                      std::chrono::steady_clock::now() + resume_.limit};
-  service_->rejoin(this, plan, stream, streams);
+  service_->rejoin(this, plan, stream, streams, failure);
   return true;
 }
 
@@ -75,13 +75,13 @@ void ControlChannel::stopAvoiding(int nic) {
   if (nic >= 0 && nic < 64) avoidNics_ &= ~(uint64_t{1} << nic);
 }
 
-void ControlChannel::rejoinedStream(int stream, Fd socket) noexcept {
+void ControlChannel::rejoinedStream(int stream, Fd socket, uint32_t failure) noexcept {
   try {
     configureStream(socket.get(), resume_.stream);
   } catch (...) {
     // Options are a tuning; the stream works without them.
   }
-  if (onRejoined_) onRejoined_(stream, std::move(socket));
+  if (onRejoined_) onRejoined_(stream, std::move(socket), failure);
 }
 
 void ControlChannel::rejoinFailed(int stream, const std::string& why) noexcept {

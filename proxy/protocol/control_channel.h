@@ -100,12 +100,12 @@ class ControlChannel final : private ResumeEndpoint {
   void cut();
   // Failback (the comm's, set before enableResume): where made-again data streams go (any thread: the session
   // service's), and, on the sending side, the ones that could not be made.
-  using RejoinedHandler = std::function<void(int stream, Fd socket)>;
+  using RejoinedHandler = std::function<void(int stream, Fd socket, uint32_t failure)>;
   using RejoinFailedHandler = std::function<void(int stream, const std::string& why)>;
   void setRejoinHandlers(RejoinedHandler rejoined, RejoinFailedHandler failed);
   // Sending side: make data stream `stream` (of `streams`) again from local NIC `nic` to the peer's listener of the
   // same index (modulo its count). False when the receiver named no listener or this side binds no NIC address.
-  bool rejoin(int stream, int streams, int nic);
+  bool rejoin(int stream, int streams, int nic, uint32_t failure);
   // NIC n answers again: a re-made control socket no longer tries it last.
   void stopAvoiding(int nic);
   // Before the owner tears down what the rejoin handlers touch: no service call reaches this channel afterwards.
@@ -144,7 +144,7 @@ class ControlChannel final : private ResumeEndpoint {
   void resumed(Fd socket, uint32_t peerProcessed) noexcept override;
   void resumeFailed(const std::string& why) noexcept override;
   void peerClosed() noexcept override;
-  void rejoinedStream(int stream, Fd socket) noexcept override;
+  void rejoinedStream(int stream, Fd socket, uint32_t failure) noexcept override;
   void rejoinFailed(int stream, const std::string& why) noexcept override;
   RejoinedHandler onRejoined_;
   RejoinFailedHandler onRejoinFailed_;

@@ -152,6 +152,18 @@ class ReceiveRing {
     return buffer.data + header.offset;
   }
 
+  // Any thread, rail failover (ChunkLedger::claim): the chunk's range claimed before its payload is written; kPlaced
+  // too when the chunk names no posted buffer (a copy of a chunk of a receive already finished).
+  ChunkLedger::Claim claim(const ChunkHeader& header) {
+    Entry* entry = find(header.recvId, header.slot);
+    if (entry == nullptr) return ChunkLedger::Claim::kPlaced;
+    return entry->buffers_[header.slot].ledger.claim(header.offset, header.length);
+  }
+  // Any thread: a claimed chunk that will not be whole (its stream failed mid-payload).
+  void release(const ChunkHeader& header) {
+    if (Entry* entry = find(header.recvId, header.slot)) entry->buffers_[header.slot].ledger.release(header.offset, header.length);
+  }
+
   // Any thread, after destination() accepted the chunk and its bytes landed: counts the bytes no chunk placed
   // before, and completes the buffer when the whole message is in. False, with why, for a chunk that overlaps
   // placed bytes in part or names another message size than the buffer's other chunks (a protocol error for the

@@ -155,7 +155,8 @@ void SessionService::reconnect(ResumeEndpoint* endpoint, const ReconnectPlan& pl
   wake();
 }
 
-void SessionService::rejoin(ResumeEndpoint* endpoint, const ReconnectPlan& plan, int stream, int streams) {
+void SessionService::rejoin(ResumeEndpoint* endpoint, const ReconnectPlan& plan, int stream, int streams,
+                            uint32_t failure) {
   {
     std::lock_guard<std::mutex> lock(mutex_);
     Attempt attempt{endpoint, plan, ++nextAttemptId_};
@@ -164,6 +165,7 @@ void SessionService::rejoin(ResumeEndpoint* endpoint, const ReconnectPlan& plan,
     attempt.frozen = true;  // nothing to freeze: a data stream
     attempt.hello.streamIndex = static_cast<uint16_t>(stream);
     attempt.hello.streamCount = static_cast<uint16_t>(streams);
+    attempt.hello.resumeProcessed = failure;
     attempt.plan.deadline = std::min(plan.deadline, std::chrono::steady_clock::now() + kTryLimit);
     attempts_.push_back(std::move(attempt));
   }
@@ -281,7 +283,8 @@ bool SessionService::serveArrival(std::unique_lock<std::mutex>& lock, Arrival& a
   Fd socket = std::move(arrival.fd);
   if (rejoining) {
     const int stream = hello.streamIndex;
-    callEndpoint(lock, endpoint, [&] { endpoint->rejoinedStream(stream, std::move(socket)); });
+    const uint32_t failure = hello.resumeProcessed;
+    callEndpoint(lock, endpoint, [&] { endpoint->rejoinedStream(stream, std::move(socket), failure); });
     return true;
   }
   const uint32_t peerProcessed = hello.resumeProcessed;
@@ -375,7 +378,7 @@ void SessionService::stepAttempts(std::unique_lock<std::mutex>& lock) {
           Fd socket = std::move(current.fd);
           const int stream = current.rejoinStream;
           attempts_.erase(it);
-          callEndpoint(lock, endpoint, [&] { endpoint->rejoinedStream(stream, std::move(socket)); });
+          callEndpoint(lock, endpoint, [&] { endpoint->rejoinedStream(stream, std::move(socket), 0); });
           continue;
         }
         current.phase = Attempt::Phase::kAnswer;

@@ -43,7 +43,7 @@ class ResumeEndpoint {
   virtual void peerClosed() noexcept = 0;
   // Failback: data stream `stream` made again (sending side: connected and its hello written; receiving side: its
   // hello arrived), or (sending side) not made (why).
-  virtual void rejoinedStream(int stream, Fd socket) noexcept = 0;
+  virtual void rejoinedStream(int stream, Fd socket, uint32_t failure) noexcept = 0;
   virtual void rejoinFailed(int stream, const std::string& why) noexcept = 0;
 
  protected:
@@ -83,7 +83,8 @@ class SessionService {
   void reconnect(ResumeEndpoint* endpoint, const ReconnectPlan& plan);
   // Sending side, failback: make data stream `stream` (of `streams`) again from plan.locals[0] to plan.targets[0],
   // one try of at most the try limit; rejoinedStream or rejoinFailed follows.
-  void rejoin(ResumeEndpoint* endpoint, const ReconnectPlan& plan, int stream, int streams);
+  // `failure`: which failure of the stream's NIC this recovers from (wire.h kNicFailed).
+  void rejoin(ResumeEndpoint* endpoint, const ReconnectPlan& plan, int stream, int streams, uint32_t failure);
   // Synchronous: once it returns, the service never calls `endpoint` again.
   void remove(ResumeEndpoint* endpoint);
 

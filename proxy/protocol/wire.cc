@@ -37,6 +37,7 @@ uint64_t frameLength(const FrameHeader& header) {
     case FrameType::kDone:
     case FrameType::kAck:
     case FrameType::kResume:
+    case FrameType::kNicFailed:
       return sizeof(FrameHeader);
   }
   return 0;

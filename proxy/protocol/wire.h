@@ -114,8 +114,12 @@ const char* validateHello(const Hello& hello, const uint64_t secret[2]);
 // receiver's session listeners, kSessionEntryBytes each: a sockaddr, zero-padded). kAck and kResume are not numbered;
 // every other frame is, in sending order from 0.
 enum class FrameType : uint8_t {
-  kClearToSend = 1, kInline = 2, kOversize = 3, kDone = 4, kAck = 5, kResume = 6, kSession = 7
+  kClearToSend = 1, kInline = 2, kOversize = 3, kDone = 4, kAck = 5, kResume = 6, kSession = 7, kNicFailed = 8
 };
+// kNicFailed (sender -> receiver, kFeatureDataFailover): the sender took its NIC `slot` out, for the recvId-th time
+// (its failures are counted per NIC); the receiver shuts that NIC's streams down, so a chunk still arriving on them
+// cannot land after its copy did. A data stream made again after that failure carries the same count in its
+// kRejoin hello (resumeProcessed), so a late kNicFailed never shuts the new streams.
 
 struct FrameHeader {
   uint8_t type;    // FrameType

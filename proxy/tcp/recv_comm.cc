@@ -36,7 +36,9 @@ TcpRecvComm::TcpRecvComm(Fd control, std::vector<Fd> data, const protocol::Socke
       openStreams_(0) {
   if (!layout.nics.empty()) control_.setCounters(layout.nics[0]);
   if (dataFailover_) {
-    control_.setRejoinHandlers([this](int stream, Fd socket) { streamRejoined(stream, std::move(socket)); }, {});
+    control_.setRejoinHandlers(
+        [this](int stream, Fd socket, uint32_t failure) { streamRejoined(stream, std::move(socket), failure); }, {});
+    nicRecovered_.assign(static_cast<size_t>(nics_), 0);
   }
   if (resume != nullptr) control_.enableResume(*resume);
   streams_.setCounters(layout);
@@ -117,6 +119,14 @@ ncclResult_t TcpRecvComm::iflush(int, void**, const int*, MemoryRegion**, Reques
 bool TcpRecvComm::startFrame() {
   if (frame_.type == static_cast<uint8_t>(FrameType::kAck) && control_.resumable()) {
     return control_.acknowledged(static_cast<uint32_t>(frame_.size));
+  }
+  if (frame_.type == static_cast<uint8_t>(FrameType::kNicFailed) && dataFailover_) {
+    const int nic = frame_.slot;
+    if (nic < nics_ && frame_.recvId > nicRecovered_[static_cast<size_t>(nic)]) {
+      for (int s = nic; s < streams_.count(); s += nics_) streams_[s].cut();
+    }
+    control_.framesProcessed(1);
+    return true;
   }
   if (frame_.type == static_cast<uint8_t>(FrameType::kOversize)) {
     if (ring_.applyOversize(frame_, control_.peerName())) {
@@ -251,8 +261,22 @@ ncclResult_t TcpRecvComm::testRequest(RecvRequest* request, int* done, int* size
 
 char* TcpRecvComm::resolveChunk(const ChunkHeader& header) noexcept {
   RecvRequest* entry = ring_.find(header.recvId, header.slot);
-  // A copy of a chunk sent again after a NIC failed, for a receive already finished: the original had arrived.
-  if (entry == nullptr && dataFailover_ && (header.flags & kChunkStaged) == 0) return StreamOwner::discard();
+  if (dataFailover_ && (header.flags & kChunkStaged) == 0) {
+    // Rail failover may send a chunk again while its first copy is still arriving on another stream: the range is
+    // claimed before it is written, so two streams never write it at once and a copy never lands after its
+    // buffer completed (a receive already finished names no posted buffer at all).
+    switch (ring_.claim(header)) {
+      case protocol::ChunkLedger::Claim::kPlaced:
+        return StreamOwner::discard();
+      case protocol::ChunkLedger::Claim::kBusy:
+        return StreamOwner::retrySoon();
+      case protocol::ChunkLedger::Claim::kGo:
+        break;
+    }
+    char* destination = ring_.destination(header);
+    if (destination == nullptr) ring_.release(header);
+    return destination;
+  }
   const bool staged = entry != nullptr && (entry->stagedBuffers.load(std::memory_order_acquire) >> header.slot & 1) != 0;
   if (staged != ((header.flags & kChunkStaged) != 0)) {
     if (entry == nullptr) return nullptr;  // the stream reports the chunk that matches nothing
@@ -279,6 +303,11 @@ char* TcpRecvComm::landStagedChunk(RecvRequest*, const ChunkHeader& header) noex
   }
   control_.recordFailure("protocol error: " + why);
   return nullptr;
+}
+
+void TcpRecvComm::chunkAbandoned(const ChunkHeader& header) noexcept {
+  if (!dataFailover_ || (header.flags & kChunkStaged) != 0) return;
+  ring_.release(header);  // a stream waiting for this chunk (retrySoon) claims it at its next ask
 }
 
 void TcpRecvComm::chunkReceived(const ChunkHeader& header) noexcept {
@@ -417,10 +446,12 @@ void TcpRecvComm::pumpStaging() {
   }
 }
 
-void TcpRecvComm::streamRejoined(int stream, Fd socket) noexcept {
+void TcpRecvComm::streamRejoined(int stream, Fd socket, uint32_t failure) noexcept {
   std::lock_guard<std::mutex> lock(mutex_);
   if (!dataFailover_ || stream < 0 || stream >= streams_.count()) return;  // the socket closes
   try {
+    uint32_t& recovered = nicRecovered_[static_cast<size_t>(stream % nics_)];
+    recovered = std::max(recovered, failure);
     if (streams_.rejoin(stream, std::move(socket))) openStreams_.fetch_add(1, std::memory_order_acq_rel);
     const int nic = stream % nics_;
     if ((failedNics_.fetch_and(~(uint64_t{1} << nic), std::memory_order_acq_rel) >> nic & 1) != 0) {

@@ -76,13 +76,15 @@ class TcpRecvComm final : public RecvComm, private StreamOwner, private progress
 
   char* resolveChunk(const protocol::ChunkHeader& header) noexcept override;
   void chunkReceived(const protocol::ChunkHeader& header) noexcept override;
+  void chunkAbandoned(const protocol::ChunkHeader& header) noexcept override;
   // Delivered completion: tells the sender that buffer `slot` of receive `recvId` has all its bytes. Any thread.
   // At most one per buffer in flight is ever queued, far less than a socket buffer holds, so it leaves at once or
   // with the next flush.
   void sendDone(uint32_t recvId, int slot);
   void streamFailed(int streamIndex, const char* why, int err, bool endOfStream) noexcept override;
   // Failback: the sender made data stream `stream` again through a NIC that answers again (session service thread).
-  void streamRejoined(int stream, Fd socket) noexcept;
+  void streamRejoined(int stream, Fd socket, uint32_t failure) noexcept;
+  std::vector<uint32_t> nicRecovered_;  // guarded by mutex_: per NIC, the sender's failure count its streams recovered from
 
   protocol::ControlChannel control_;
   const bool sendDoneFrames_;

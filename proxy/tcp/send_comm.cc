@@ -61,7 +61,7 @@ TcpSendComm::TcpSendComm(Fd control, std::vector<Fd> data, const protocol::Socke
   probes_.resize(static_cast<size_t>(nics_));
   probeCap_ = static_cast<uint64_t>(config.failoverProbes);
   if (dataFailover_) {
-    control_.setRejoinHandlers([this](int stream, Fd socket) { streamRejoined(stream, std::move(socket)); },
+    control_.setRejoinHandlers([this](int stream, Fd socket, uint32_t) { streamRejoined(stream, std::move(socket)); },
                                [this](int stream, const std::string& why) { rejoinFailed(stream, why); });
   }
   streams_.start(this, dataFailover_);  // helper threads may call stealChunk at once
@@ -417,6 +417,10 @@ void TcpSendComm::sendAgainFromFailedNics() {
     if (counters != nullptr) counters->addResent(resent[nic]);
     if ((newly >> nic & 1) == 0) continue;
     control_.avoidNic(nic);  // a re-made control connection tries this NIC last
+    // The receiver shuts the NIC's streams down on its side too: nothing still on its way there lands later.
+    const FrameHeader nicFailed{static_cast<uint8_t>(FrameType::kNicFailed), static_cast<uint8_t>(nic), 0,
+                                ++nicFailures_[nic], 0};
+    control_.send(&nicFailed, sizeof(nicFailed));
     NicProbe& probe = probes_[static_cast<size_t>(nic)];
     probe = NicProbe{};
     probe.failedAt = std::chrono::steady_clock::now();
@@ -709,7 +713,7 @@ void TcpSendComm::probeFailedNics(std::chrono::steady_clock::time_point now) {
     for (int s = nic; s < streams_.count(); s += nics_) {
       if (!streams_[s].dead()) {
         ++probe.rejoined;
-      } else if (control_.rejoin(s, streams_.count(), nic)) {
+      } else if (control_.rejoin(s, streams_.count(), nic, nicFailures_[nic])) {
         ++asked;
       }
     }

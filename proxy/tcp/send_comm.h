@@ -15,6 +15,7 @@
 #include "proxy/protocol/control_channel.h"
 #include "proxy/protocol/held_group.h"
 #include "proxy/protocol/request_pool.h"
+#include "proxy/protocol/stripe_plan.h"
 #include "proxy/progress/watchdog.h"
 #include "proxy/staging/telemetry.h"
 #include "proxy/tcp/data_streams.h"
@@ -103,6 +104,7 @@ class TcpSendComm final : public SendComm, private StreamOwner, private progress
   // (the session service's thread).
   void probeFailedNics(std::chrono::steady_clock::time_point now);
   void streamRejoined(int stream, Fd socket) noexcept;
+  uint32_t nicFailures_[protocol::kMaxStripeNics] = {};  // guarded by mutex_: per NIC, its failures so far (kNicFailed)
   void rejoinFailed(int stream, const std::string& why) noexcept;
 
   // ---- pieces (GPU memory at either end); caller holds mutex_ ----

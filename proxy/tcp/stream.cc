@@ -95,6 +95,7 @@ bool Stream::enqueue(const SendOp& op) {
 void Stream::cut() { (void)shutdown(fd_.get(), SHUT_RDWR); }
 
 void Stream::restart(Fd fd) {
+  if (!dead()) abandonIncoming();
   fd_ = std::move(fd);
   connectionKey_ = connectionKeyOf(fd_.get());
   {
@@ -119,8 +120,15 @@ void Stream::restart(Fd fd) {
   shapedWait_ = false;
 }
 
+void Stream::abandonIncoming() {
+  // Resolved to a real destination and not finished: its claim (rail failover) ends here.
+  if (inPayload_ && !discarding_ && !awaitingDestination_ && destination_ != nullptr) owner_->chunkAbandoned(incoming_);
+  inPayload_ = false;
+}
+
 void Stream::fail(const char* why, int err, bool endOfStream) {
   if (dead_.exchange(true)) return;
+  abandonIncoming();
   if (releaseOnFailure_) {
     // Helper thread: sending_ is this helper's; the queue is taken under its lock, after which enqueue() refuses.
     std::deque<SendOp> unsent;
@@ -190,7 +198,10 @@ bool Stream::giveQueuedChunk(SendOp* out) {
   return true;
 }
 
-int64_t Stream::retryAtNs() const noexcept { return shapedWait_ ? shapedUntilNs_ : 0; }
+int64_t Stream::retryAtNs() const noexcept {
+  if (awaitingDestination_ && retryingSoon_) return monotonicNs() + 100'000;
+  return shapedWait_ ? shapedUntilNs_ : 0;
+}
 
 uint64_t Stream::progressSend() {
   uint64_t moved = 0;
@@ -283,6 +294,11 @@ char* StreamOwner::discard() noexcept {
   return &marker;
 }
 
+char* StreamOwner::retrySoon() noexcept {
+  static char marker;
+  return &marker;
+}
+
 bool Stream::startChunk() {
   memcpy(&incoming_, nextHeader_, sizeof(ChunkHeader));
   headerBytes_ = 0;
@@ -291,7 +307,8 @@ bool Stream::startChunk() {
 
 bool Stream::resolveIncoming() {
   destination_ = owner_->resolveChunk(incoming_);
-  awaitingDestination_ = destination_ == StreamOwner::retryLater();
+  retryingSoon_ = destination_ == StreamOwner::retrySoon();
+  awaitingDestination_ = destination_ == StreamOwner::retryLater() || retryingSoon_;
   waitingForSlot_.store(awaitingDestination_, std::memory_order_relaxed);
   if (awaitingDestination_) return true;
   if (destination_ == nullptr) {

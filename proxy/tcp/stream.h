@@ -35,7 +35,12 @@ class StreamOwner {
   // Another answer of resolveChunk: read the payload and drop it (a copy of a chunk of a receive already finished,
   // sent again after a NIC failed; wire.h kFeatureDataFailover). chunkReceived() is not called for it.
   static char* discard() noexcept;
+  // And: not yet, ask again shortly by itself (about every 100 us; nothing wakes it): another stream is writing the
+  // same chunk (rail failover's claims), which ends in microseconds, or when that stream fails.
+  static char* retrySoon() noexcept;
   virtual void chunkReceived(const ChunkHeader& header) noexcept = 0;
+  // A chunk whose payload was being written when its stream failed or was restarted: it will not be whole.
+  virtual void chunkAbandoned(const ChunkHeader& /*header*/) noexcept {}
   // The stream hit end-of-stream (endOfStream) or an error (err: its errno, 0 for a protocol error); no more
   // callbacks follow for it.
   virtual void streamFailed(int streamIndex, const char* why, int err, bool endOfStream) noexcept = 0;
@@ -124,6 +129,7 @@ class Stream final : public progress::EventSource {
   bool resolveIncoming();
   void finishChunk();
   void fail(const char* why, int err, bool endOfStream);
+  void abandonIncoming();  // helper (or detached): tells the owner a chunk half written will not be whole
 
   Fd fd_;
   StreamOwner* owner_;
@@ -150,6 +156,7 @@ class Stream final : public progress::EventSource {
   bool inPayload_ = false;
   bool awaitingDestination_ = false;  // incoming_ was told to retry later: nothing more is read until it lands
   bool discarding_ = false;           // incoming_'s payload is read into discardBuffer_ and dropped
+  bool retryingSoon_ = false;         // awaitingDestination_ by retrySoon(): retryAtNs() brings it back
   std::unique_ptr<char[]> discardBuffer_;  // made on first use
   bool releaseOnFailure_ = false;
   std::atomic<bool> waitingForSlot_{false};  // awaitingDestination_, published for stall reports

@@ -167,3 +167,22 @@ TEST_CASE("chunk ledger: helper threads adding chunks and repeats at once comple
     REQUIRE(ledger.placed() == size);
   }
 }
+
+TEST_CASE("claims: one stream writes a chunk at a time, copies of placed chunks are dropped", "[chunk-ledger]") {
+  using Claim = ChunkLedger::Claim;
+  ChunkLedger ledger;
+  std::string why;
+  CHECK(ledger.claim(0, 100) == Claim::kGo);
+  CHECK(ledger.claim(0, 100) == Claim::kBusy);   // a copy while the first is being written waits
+  CHECK(ledger.claim(100, 100) == Claim::kGo);   // another chunk is free
+  REQUIRE(ledger.add(0, 100, 300, &why) == ChunkLedger::Verdict::kCounted);
+  CHECK(ledger.claim(0, 100) == Claim::kPlaced);  // the copy after it landed: dropped
+  ledger.release(100, 100);                       // its stream failed mid-payload
+  CHECK(ledger.claim(100, 100) == Claim::kGo);    // the copy takes it over
+  REQUIRE(ledger.add(100, 100, 300, &why) == ChunkLedger::Verdict::kCounted);
+  CHECK(ledger.claim(200, 100) == Claim::kGo);
+  REQUIRE(ledger.add(200, 100, 300, &why) == ChunkLedger::Verdict::kComplete);
+  CHECK(ledger.claim(50, 10) == Claim::kPlaced);  // inside placed bytes
+  ledger.reset();
+  CHECK(ledger.claim(0, 100) == Claim::kGo);      // a new message: nothing placed, nothing claimed
+}
