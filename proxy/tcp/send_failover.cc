@@ -1,0 +1,228 @@
+// Rail failover on a fused TCP send comm (docs/failover.md, decisions D88-D90): chunks of a failed NIC sent again
+// over the others, a silent NIC taken out, failed NICs probed and brought back, and the fault injection that
+// tests them. The rest of the comm is in send_comm.cc.
+#include <algorithm>
+#include <string>
+
+#include "proxy/protocol/host_silence.h"
+#include "proxy/tcp/send_comm.h"
+#include "railnet/log.h"
+
+namespace railnet::tcp {
+
+using protocol::FrameHeader;
+using protocol::FrameType;
+using protocol::kMaxStripeNics;
+
+void TcpSendComm::cutIfDue(int stream, uint64_t bytes) {
+  if (cutNic_ < 0 || nicOf(stream) != cutNic_) return;
+  queuedOnCutNic_ += bytes;
+  if (queuedOnCutNic_ < cutAfterBytes_) return;
+  RN_INFO(NCCL_NET, "NET/railnet: send comm to %s: RAILNET_FAULT_NIC_CUT cuts the data streams of NIC %d%s",
+          control_.peerName().c_str(), cutNic_, cutNic_ == 0 ? " and the control connection" : "");
+  takeNicOut(cutNic_);
+  cutNic_ = -1;
+}
+
+void TcpSendComm::takeNicOut(int nic) {
+  // Failed from now on, before its helpers see the shutdown: no new chunk goes there, and the next isend or test
+  // sends its chunks again (those its streams still hold are released when their helpers fail them).
+  failedNics_.fetch_or(uint64_t{1} << nic, std::memory_order_acq_rel);
+  failoverDue_.store(true, std::memory_order_release);
+  if (nic == 0) {
+    // NIC 0 carries the control connection too: it goes with the NIC, and is re-made through another one.
+    control_.avoidNic(0);
+    control_.cut();
+  }
+  for (int s = nic; s < streams_.count(); s += nics_) streams_[s].cut();
+}
+
+void TcpSendComm::sendAgainFromFailedNics() {
+  failoverDue_.store(false, std::memory_order_release);
+  const uint64_t failed = failedNics_.load(std::memory_order_acquire);
+  const uint64_t newly = failed & ~handledNics_;
+  handledNics_ |= newly;
+  int alive = 0;
+  for (int nic = 0; nic < nics_; ++nic) alive += nicAlive(nic) ? 1 : 0;
+  if (alive == 0) {
+    control_.recordFailure("the data streams of every NIC failed");
+    return;
+  }
+  // Every chunk queued on a failed NIC goes again, whenever it was queued there (a stream of a NIC already handled
+  // may die later, with chunks on it meanwhile; a chunk taken by a sibling stream of its NIC is recorded under the
+  // stream it was queued on, so the NIC, not the stream, decides). The copy's count goes up before it is queued, so
+  // its send cannot complete (and its buffer be reused) before the copy has left. Sends whose done frame came are
+  // complete at the receiver and keep their chunks as they are.
+  uint64_t resent[kMaxStripeNics] = {};
+  uint64_t sends = 0;
+  bool unsendable = false;
+  requests_.forEachInFlight([&](SendRequest& request) {
+    if (!request.awaitingDone_.load(std::memory_order_acquire)) return;
+    bool touched = false;
+    for (SendRequest::QueuedChunk& queued : request.chunks_) {
+      if (nicAlive(nicOf(queued.stream))) continue;
+      touched = true;
+      const int nic = nicOf(queued.stream);
+      request.pendingChunks_.fetch_add(1, std::memory_order_acq_rel);
+      const int stream = placeChunk(queued.op, 0, 1);
+      if (stream < 0) {
+        request.pendingChunks_.fetch_sub(1, std::memory_order_acq_rel);
+        return;
+      }
+      queued.stream = stream;
+      resent[nic] += queued.op.header.length;
+    }
+    // GPU sends keep no chunk records: any in flight when a NIC fails may have lost bytes that are gone from the
+    // staging slots.
+    if (!request.resendable_ && newly != 0) unsendable = true;
+    sends += touched ? 1 : 0;
+  });
+  if (unsendable) {
+    control_.recordFailure("a NIC's data streams failed while sends staged from GPU memory were in flight; their "
+                           "bytes are no longer in the staging slots, so they cannot be sent again");
+  }
+  for (int nic = 0; nic < nics_; ++nic) {
+    NicCounters* counters = static_cast<size_t>(nic) < nicCounters_.size() ? nicCounters_[nic] : nullptr;
+    if (counters != nullptr) counters->addResent(resent[nic]);
+    if ((newly >> nic & 1) == 0) continue;
+    control_.avoidNic(nic);  // a re-made control connection tries this NIC last
+    // The receiver shuts the NIC's streams down on its side too: nothing still on its way there lands later.
+    const FrameHeader nicFailed{static_cast<uint8_t>(FrameType::kNicFailed), static_cast<uint8_t>(nic), 0,
+                                ++nicFailures_[nic], 0};
+    control_.send(&nicFailed, sizeof(nicFailed));
+    NicProbe& probe = probes_[static_cast<size_t>(nic)];
+    probe = NicProbe{};
+    probe.failedAt = std::chrono::steady_clock::now();
+    probe.nextProbe = probe.failedAt + probe.wait;
+    // Every stream of the NIC goes, not only the one that failed: the NIC is out until a probe makes them all again.
+    for (int s = nic; s < streams_.count(); s += nics_) streams_[s].cut();
+    if (counters != nullptr) counters->addFailure();
+    const std::string name = static_cast<size_t>(nic) < nicNames_.size() ? nicNames_[nic] : "NIC " + std::to_string(nic);
+    RN_WARN("NET/railnet: send connection with %s: the data streams of %s failed; %llu B of %llu send(s) in flight "
+            "sent again over the other %d NIC(s), and new messages stripe over those", control_.peerName().c_str(),
+            name.c_str(), static_cast<unsigned long long>(resent[nic]), static_cast<unsigned long long>(sends), alive);
+  }
+}
+
+void TcpSendComm::watchPaths(progress::WatchClock::time_point now, std::chrono::milliseconds silenceLimit) noexcept {
+  if (!dataFailover_) return;
+  std::unique_lock<std::mutex> lock(mutex_, std::try_to_lock);
+  if (!lock.owns_lock() || control_.failed()) return;
+  try {
+    // Per NIC: has a socket waited the limit for an acknowledgement? A live peer's kernel acknowledges even while
+    // the process is stopped, so a silent socket is a silent path; and another NIC answering says the host is up.
+    const int streams = streams_.count();
+    if (pathSilence_.size() != static_cast<size_t>(streams) + 1) pathSilence_.assign(static_cast<size_t>(streams) + 1, {});
+    uint64_t silentNics = 0;
+    std::chrono::steady_clock::duration longest[kMaxStripeNics] = {};
+    auto judge = [&](size_t index, int fd, int nic) {
+      protocol::AckState state;
+      if (!protocol::readAckState(fd, &state)) state = protocol::AckState{};
+      const auto silence = pathSilence_[index].look(state, now);
+      longest[nic] = std::max(longest[nic], silence);
+      if (silence >= silenceLimit) silentNics |= uint64_t{1} << nic;
+    };
+    judge(0, control_.fd(), 0);
+    for (int s = 0; s < streams; ++s) {
+      if (!streams_[s].dead()) judge(static_cast<size_t>(s) + 1, streams_[s].fd(), nicOf(s));
+    }
+    uint64_t liveNics = 0;
+    for (int nic = 0; nic < nics_; ++nic) liveNics |= nicAlive(nic) ? uint64_t{1} << nic : 0;
+    const uint64_t answering = liveNics & ~silentNics;
+    probeFailedNics(now);
+    if (answering == 0) return;  // every NIC silent: the host, not a path (the lost-host check's to judge)
+    for (int nic = 0; nic < nics_; ++nic) {
+      if ((liveNics & silentNics) >> nic & 1) {
+        RN_WARN("NET/railnet: send connection with %s: %s acknowledged nothing for %.1f s while other NICs answer: "
+                "taken out of the connection", control_.peerName().c_str(),
+                static_cast<size_t>(nic) < nicNames_.size() ? nicNames_[nic].c_str() : "a NIC",
+                std::chrono::duration<double>(longest[nic]).count());
+        takeNicOut(nic);
+      }
+    }
+  } catch (...) {
+    // Out of memory for the silence table: look again next round.
+  }
+}
+
+void TcpSendComm::probeFailedNics(std::chrono::steady_clock::time_point now) {
+  constexpr std::chrono::milliseconds kLongestWait{30000};
+  const uint64_t failed = failedNics_.load(std::memory_order_acquire) & handledNics_;
+  for (int nic = 0; nic < nics_; ++nic) {
+    NicProbe& probe = probes_[static_cast<size_t>(nic)];
+    if ((failed >> nic & 1) == 0 || probe.probing || now < probe.nextProbe) continue;
+    if (probeCap_ != 0 && probe.probes >= probeCap_) continue;
+    // Streams still live were made by an earlier probe; the dead ones are made again now. One still dying (its
+    // helper has not released what it held) waits for the next probe.
+    int dead = 0;
+    bool dying = false;
+    for (int s = nic; s < streams_.count(); s += nics_) {
+      if (streams_[s].dead()) {
+        ++dead;
+      } else if (probe.probes == 0) {
+        dying = true;  // shut down when the NIC failed; its helper has not failed it yet
+      }
+    }
+    probe.nextProbe = now + probe.wait;
+    probe.wait = std::min(probe.wait * 2, kLongestWait);
+    if (dying) continue;
+    ++probe.probes;
+    probe.probing = true;
+    probe.rejoined = 0;
+    int asked = 0;
+    for (int s = nic; s < streams_.count(); s += nics_) {
+      if (!streams_[s].dead()) {
+        ++probe.rejoined;
+      } else if (control_.rejoin(s, streams_.count(), nic, nicFailures_[nic])) {
+        ++asked;
+      }
+    }
+    if (asked == 0 && dead > 0) {
+      probe.probing = false;  // no address to probe from (the kernel chose the source): failback needs bound NICs
+      probe.probes = probeCap_ != 0 ? probeCap_ : UINT64_MAX;
+    }
+  }
+}
+
+void TcpSendComm::streamRejoined(int stream, Fd socket) noexcept {
+  std::lock_guard<std::mutex> lock(mutex_);
+  try {
+    const int nic = nicOf(stream);
+    NicProbe& probe = probes_[static_cast<size_t>(nic)];
+    if (!probe.probing || !streams_[stream].dead()) return;  // the socket closes: nothing wants it
+    streams_.rejoin(stream, std::move(socket));
+    const int ofNic = (streams_.count() - nic + nics_ - 1) / nics_;
+    if (++probe.rejoined < ofNic) return;
+    // Every stream of the NIC made again: it carries traffic from the next message on. Chunks still due to go
+    // again leave first, while the NIC still counts as failed.
+    if (failoverDue_.load(std::memory_order_acquire)) sendAgainFromFailedNics();
+    probe.probing = false;
+    handledNics_ &= ~(uint64_t{1} << nic);
+    failedNics_.fetch_and(~(uint64_t{1} << nic), std::memory_order_acq_rel);
+    control_.stopAvoiding(nic);
+    for (int s = nic; s < streams_.count(); s += nics_) {
+      if (pathSilence_.size() > static_cast<size_t>(s) + 1) pathSilence_[static_cast<size_t>(s) + 1].reset();
+    }
+    const std::string name = static_cast<size_t>(nic) < nicNames_.size() ? nicNames_[nic] : "NIC " + std::to_string(nic);
+    RN_WARN("NET/railnet: send connection with %s: %s answers again %.1f s after it failed (probe %llu): its %d data "
+            "stream(s) are made again and it carries traffic again", control_.peerName().c_str(), name.c_str(),
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - probe.failedAt).count(),
+            static_cast<unsigned long long>(probe.probes), ofNic);
+  } catch (const std::exception& error) {
+    RN_WARN("NET/railnet: send connection with %s: making data stream %d again failed: %s", control_.peerName().c_str(),
+            stream, error.what());
+  }
+}
+
+void TcpSendComm::rejoinFailed(int stream, const std::string& why) noexcept {
+  std::lock_guard<std::mutex> lock(mutex_);
+  NicProbe& probe = probes_[static_cast<size_t>(nicOf(stream))];
+  if (!probe.probing) return;
+  probe.probing = false;  // the next probe, after its wait, tries the streams still dead
+  RN_INFO(NCCL_NET, "NET/railnet: send connection with %s: probe %llu of NIC %d failed (stream %d: %s); next in %lld ms",
+          control_.peerName().c_str(), static_cast<unsigned long long>(probe.probes), nicOf(stream), stream, why.c_str(),
+          static_cast<long long>(std::chrono::duration_cast<std::chrono::milliseconds>(
+                                     probe.nextProbe - std::chrono::steady_clock::now()).count()));
+}
+
+}  // namespace railnet::tcp
