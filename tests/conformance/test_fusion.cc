@@ -454,6 +454,19 @@ TEST_CASE("fusion", "nvlink_hop_host_staging", Scope::PerVersionOwnLoad) {
 
 namespace conformance {
 
+namespace {
+// A load of the plugin of its own (its settings read at init) with one device fused from three rails (two where only
+// two exist), for the failover trials.
+struct FusedLoad {
+  explicit FusedLoad(const TestEnv& env)
+      : load(env), ctx(*load.net, nextCommId()), device(fuse(load, env.version, upToThree(railDevices(*load.net)))) {}
+  NetApi& net() { return *load.net; }
+  FusionLoad load;
+  NetContext ctx;
+  int device;
+};
+}  // namespace
+
 TEST_CASE("fusion", "nic_failure", Scope::PerVersionOwnLoad) {
   // Rail failover on a fused TCP device (docs/failover.md): the data streams of one NIC are cut mid-transfer
   // (RAILNET_FAULT_NIC_CUT, a test feature standing in for a NIC that fails). The sender sends that NIC's chunks of
@@ -464,14 +477,11 @@ TEST_CASE("fusion", "nic_failure", Scope::PerVersionOwnLoad) {
   for (const char* nic : {"0", "1", "2"}) {
     ScopedEnv cut("RAILNET_FAULT_NIC_CUT", nic);
     ScopedEnv after("RAILNET_FAULT_NIC_CUT_BYTES", "6291456");  // 6 MiB queued on that NIC, then it fails
-    FusionLoad load(env);
-    NetApi& net = *load.net;
-    NetContext ctx(net, nextCommId());
-    const std::vector<int> rails = railDevices(net);
-    const int d = fuse(load, env.version, upToThree(rails));
+    FusedLoad fused(env);
+    NetApi& net = fused.net();
     const uint64_t mark = logMark();
     {
-      LinkedPair pair(net, d);
+      LinkedPair pair(net, fused.device);
       std::mt19937_64 rng(95);
       std::vector<size_t> sizes;
       for (int i = 0; i < 150; ++i) sizes.push_back(randomSize(rng, std::min(options().maxSize, 4 * MiB)));
@@ -520,14 +530,11 @@ TEST_CASE("fusion", "silent_nic", Scope::PerVersionOwnLoad) {
     SKIP("needs a network namespace of its own for its iptables rule (tests/conformance/in-netns.sh)");
   }
   ScopedEnv silenceLimit("RAILNET_FAILOVER_SILENCE_MS", "1000");
-  FusionLoad load(env);
-  NetApi& net = *load.net;
-  NetContext ctx(net, nextCommId());
-  const std::vector<int> rails = railDevices(net);
-  const int d = fuse(load, env.version, upToThree(rails));
+  FusedLoad fused(env);
+  NetApi& net = fused.net();
   const uint64_t mark = logMark();
   {
-    LinkedPair pair(net, d);
+    LinkedPair pair(net, fused.device);
     // NIC 1 goes silent once the connection is up: its data streams' chunks are never acknowledged. The sender must
     // see that within the limit and a look (about a second each), take the NIC out while the others answer, and
     // send its chunks again over them; every message must arrive.
@@ -566,14 +573,11 @@ TEST_CASE("fusion", "nic_failback", Scope::PerVersionOwnLoad) {
   if (env.version < 12 || verbsTransport()) return;  // one version: the probes take seconds
   ScopedEnv cut("RAILNET_FAULT_NIC_CUT", "1");
   ScopedEnv after("RAILNET_FAULT_NIC_CUT_BYTES", "2097152");
-  FusionLoad load(env);
-  NetApi& net = *load.net;
   const uint64_t mark = logMark();
   {
-    NetContext ctx(net, nextCommId());
-    const std::vector<int> rails = railDevices(net);
-    const int d = fuse(load, env.version, upToThree(rails));
-    LinkedPair pair(net, d);
+    FusedLoad fused(env);
+    NetApi& net = fused.net();
+    LinkedPair pair(net, fused.device);
     std::mt19937_64 rng(99);
     bool back = false;
     for (const Deadline deadline(std::chrono::seconds(20)); !back; deadline.check("NIC 1 to answer again")) {
