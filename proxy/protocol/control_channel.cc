@@ -308,8 +308,7 @@ bool ControlChannel::sessionListeners(const char* entries, size_t size) {
   resumeTargets_ = std::move(targets);
   // Broken before the frame was read (it was still in the old socket's buffer): re-make the socket now.
   if (broken()) {
-    service_->reconnect(this, ReconnectPlan{resume_.key, resumeTargets_, resume_.locals, avoidNics_, resume_.stream,
-                                            brokenSince_ + resume_.limit});
+    service_->reconnect(this, reconnectPlan(brokenSince_ + resume_.limit));
   }
   return true;
 }
@@ -322,6 +321,10 @@ void ControlChannel::avoidNic(int nic) {
 void ControlChannel::cut() {
   std::lock_guard<std::mutex> lock(outputMutex_);
   (void)shutdown(fd_.get(), SHUT_RDWR);
+}
+
+ReconnectPlan ControlChannel::reconnectPlan(std::chrono::steady_clock::time_point deadline) const {
+  return ReconnectPlan{resume_.key, resumeTargets_, resume_.locals, avoidNics_, resume_.stream, deadline};
 }
 
 bool ControlChannel::lost(const std::string& why, FailureKind kind) {
@@ -343,8 +346,7 @@ bool ControlChannel::lostLocked(const std::string& why, FailureKind kind) {
   // The sending side re-makes it, once it knows where to: the receiver's kSession frame may still be in the old
   // socket's buffer, and sessionListener() starts the attempt then (or read() fails the channel at the deadline).
   if (resume_.acceptor || resumeTargets_.empty()) return true;
-  ReconnectPlan plan{resume_.key, resumeTargets_, resume_.locals, avoidNics_, resume_.stream, now + resume_.limit};
-  service_->reconnect(this, plan);
+  service_->reconnect(this, reconnectPlan(now + resume_.limit));
   return true;
 }
 

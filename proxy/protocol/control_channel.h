@@ -150,6 +150,8 @@ class ControlChannel final : private ResumeEndpoint {
   RejoinFailedHandler onRejoinFailed_;
 
   bool lostLocked(const std::string& why, FailureKind kind);  // holds outputMutex_
+  // Re-making the control socket: every pair of NICs until `deadline`. Holds outputMutex_.
+  ReconnectPlan reconnectPlan(std::chrono::steady_clock::time_point deadline) const;
   void writeLocked(const iovec* pieces, int count);           // holds outputMutex_; queues what the socket refuses
   bool flushLocked();                                          // holds outputMutex_
   void dropInput();                                            // holds inputMutex_

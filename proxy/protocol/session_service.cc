@@ -81,6 +81,14 @@ std::vector<std::pair<int, int>> reconnectOrder(const ReconnectPlan& plan) {
   return order;
 }
 
+void SessionService::Attempt::tryNextPair(std::string why, std::chrono::steady_clock::time_point now) {
+  lastError = std::move(why);
+  fd.reset();
+  phase = Phase::kWaiting;
+  next = order.empty() ? 0 : (next + 1) % order.size();
+  nextTry = next == 0 ? now + kRetryInterval : now;
+}
+
 std::shared_ptr<SessionService> SessionService::acquire() {
   std::lock_guard<std::mutex> lock(gServiceMutex);
   std::shared_ptr<SessionService> service = gService.lock();
@@ -301,14 +309,7 @@ void SessionService::stepAttempts(std::unique_lock<std::mutex>& lock) {
     Attempt& attempt = *it;
     ResumeEndpoint* endpoint = attempt.endpoint;
     const auto now = std::chrono::steady_clock::now();
-    auto retry = [&](std::string why) {
-      attempt.lastError = std::move(why);
-      attempt.fd.reset();
-      attempt.phase = Attempt::Phase::kWaiting;
-      // The next pair of NICs at once; after a round of them all, a pause.
-      attempt.next = attempt.order.empty() ? 0 : (attempt.next + 1) % attempt.order.size();
-      attempt.nextTry = attempt.next == 0 ? now + kRetryInterval : now;
-    };
+    auto retry = [&](std::string why) { attempt.tryNextPair(std::move(why), now); };
     const int rejoinStream = attempt.rejoinStream;
     auto giveUp = [&](const std::string& why) {
       attempts_.erase(it);
@@ -416,13 +417,7 @@ void SessionService::stepAttempts(std::unique_lock<std::mutex>& lock) {
       }
     } catch (const std::exception& error) {
       auto again = std::find_if(attempts_.begin(), attempts_.end(), [id](const Attempt& a) { return a.id == id; });
-      if (again != attempts_.end()) {
-        again->lastError = error.what();
-        again->fd.reset();
-        again->phase = Attempt::Phase::kWaiting;
-        again->next = again->order.empty() ? 0 : (again->next + 1) % again->order.size();
-        again->nextTry = std::chrono::steady_clock::now() + (again->next == 0 ? kRetryInterval : std::chrono::milliseconds(0));
-      }
+      if (again != attempts_.end()) again->tryNextPair(error.what(), std::chrono::steady_clock::now());
     }
   }
 }

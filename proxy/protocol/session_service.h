@@ -120,6 +120,8 @@ class SessionService {
     size_t next = 0;                                      // the pair this try uses
     std::string lastError = "no attempt finished yet";
     int tries = 0;
+    // The try failed (why): the next pair of NICs at once; after a round of them all, a pause.
+    void tryNextPair(std::string why, std::chrono::steady_clock::time_point now);
   };
   struct Acceptor {
     ResumeEndpoint* endpoint;

@@ -3,6 +3,7 @@
 #include <poll.h>
 
 #include <algorithm>
+#include <bit>
 #include <cstring>
 
 #include "proxy/protocol/stripe_plan.h"
@@ -264,9 +265,7 @@ void TcpSendComm::sendStriped(SendRequest* request, const char* data, uint64_t s
   // Over the NICs still alive (rail failover): stripe i of the plan goes to the i-th of them.
   int alive[kMaxStripeNics];
   int aliveCount = 0;
-  for (int nic = 0; nic < nics_; ++nic) {
-    if (nicAlive(nic)) alive[aliveCount++] = nic;
-  }
+  for (uint64_t live = liveNics(); live != 0; live &= live - 1) alive[aliveCount++] = std::countr_zero(live);
   if (aliveCount == 0) alive[aliveCount++] = 0;  // placeChunk records the failure
   Stripe stripes[kMaxStripeNics];
   const int count = protocol::planStripes(size, aliveCount, stripedMessages_++, minStripeBytes_, stripes);

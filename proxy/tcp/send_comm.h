@@ -99,6 +99,10 @@ class TcpSendComm final : public SendComm, private StreamOwner, private progress
   void sendAgainFromFailedNics();
   int nicOf(int stream) const { return stream % nics_; }
   bool nicAlive(int nic) const { return (failedNics_.load(std::memory_order_acquire) >> nic & 1) == 0; }
+  // Bit n: NIC n is in the connection.
+  uint64_t liveNics() const {
+    return ~failedNics_.load(std::memory_order_acquire) & ((uint64_t{1} << nics_) - 1);
+  }
   void cutIfDue(int stream, uint64_t bytes);  // RAILNET_FAULT_NIC_CUT
   // Failback (docs/failover.md): probes due NICs (the watchdog thread, holding mutex_); a stream made again or not
   // (the session service's thread).

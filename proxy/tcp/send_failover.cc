@@ -2,6 +2,7 @@
 // over the others, a silent NIC taken out, failed NICs probed and brought back, and the fault injection that
 // tests them. The rest of the comm is in send_comm.cc.
 #include <algorithm>
+#include <bit>
 #include <string>
 
 #include "proxy/protocol/host_silence.h"
@@ -42,8 +43,7 @@ void TcpSendComm::sendAgainFromFailedNics() {
   const uint64_t failed = failedNics_.load(std::memory_order_acquire);
   const uint64_t newly = failed & ~handledNics_;
   handledNics_ |= newly;
-  int alive = 0;
-  for (int nic = 0; nic < nics_; ++nic) alive += nicAlive(nic) ? 1 : 0;
+  const int alive = std::popcount(liveNics());
   if (alive == 0) {
     control_.recordFailure("the data streams of every NIC failed");
     return;
@@ -126,13 +126,12 @@ void TcpSendComm::watchPaths(progress::WatchClock::time_point now, std::chrono::
     for (int s = 0; s < streams; ++s) {
       if (!streams_[s].dead()) judge(static_cast<size_t>(s) + 1, streams_[s].fd(), nicOf(s));
     }
-    uint64_t liveNics = 0;
-    for (int nic = 0; nic < nics_; ++nic) liveNics |= nicAlive(nic) ? uint64_t{1} << nic : 0;
-    const uint64_t answering = liveNics & ~silentNics;
+    const uint64_t live = liveNics();
+    const uint64_t answering = live & ~silentNics;
     probeFailedNics(now);
     if (answering == 0) return;  // every NIC silent: the host, not a path (the lost-host check's to judge)
     for (int nic = 0; nic < nics_; ++nic) {
-      if ((liveNics & silentNics) >> nic & 1) {
+      if ((live & silentNics) >> nic & 1) {
         RN_WARN("NET/railnet: send connection with %s: %s acknowledged nothing for %.1f s while other NICs answer: "
                 "taken out of the connection", control_.peerName().c_str(),
                 static_cast<size_t>(nic) < nicNames_.size() ? nicNames_[nic].c_str() : "a NIC",
