@@ -4,6 +4,7 @@
 #include <mutex>
 
 #include "railnet/log.h"
+#include "railnet/text.h"
 
 namespace railnet {
 namespace {
@@ -61,7 +62,9 @@ std::vector<NicCounterSnapshot> nicCounterSnapshot() {
                    e.counters.routedConnections.load(std::memory_order_relaxed),
                    e.counters.bytesHopped.load(std::memory_order_relaxed),
                    e.counters.failures.load(std::memory_order_relaxed),
-                   e.counters.bytesResent.load(std::memory_order_relaxed)});
+                   e.counters.bytesResent.load(std::memory_order_relaxed),
+                   e.counters.degradedMs.load(std::memory_order_relaxed),
+                   e.counters.movedConnections.load(std::memory_order_relaxed)});
   }
   return out;
 }
@@ -69,15 +72,20 @@ std::vector<NicCounterSnapshot> nicCounterSnapshot() {
 std::vector<std::string> nicCounterLines() {
   std::vector<std::string> lines;
   for (const NicCounterSnapshot& s : nicCounterSnapshot()) {
-    if (s.bytesSent == 0 && s.bytesReceived == 0 && s.connections == 0) continue;
+    if (s.bytesSent == 0 && s.bytesReceived == 0 && s.connections == 0 && s.movedConnections == 0) continue;
     lines.push_back(s.nic + " rail " + std::to_string(s.railId) + ": sent " + std::to_string(s.bytesSent) +
                     " B, received " + std::to_string(s.bytesReceived) + " B, " + std::to_string(s.connections) +
                     " connection(s), " + std::to_string(s.crossRailConnections) + " cross-rail, " +
                     std::to_string(s.routedConnections) + " routed here from another rail's device" +
                     (s.bytesHopped != 0 ? ", " + std::to_string(s.bytesHopped) + " B of them over an NVLink hop" : "") +
                     (s.failures != 0 ? ", failed under " + std::to_string(s.failures) + " connection(s) (" +
-                                           std::to_string(s.bytesResent) + " B sent again over other NICs)"
-                                     : ""));
+                                           std::to_string(s.bytesResent) + " B sent again, " +
+                                           textf("%.1f", static_cast<double>(s.degradedMs) / 1000) +
+                                           " s degraded in all)"
+                                     : "") +
+                    (s.movedConnections != 0 ? ", " + std::to_string(s.movedConnections) +
+                                                   " connection(s) moved here from a failed NIC"
+                                             : ""));
   }
   return lines;
 }

@@ -20,11 +20,21 @@ struct NicCounters {
   std::atomic<uint64_t> bytesHopped{0};  // sent bytes that crossed NVLink into this NIC's GPU first (verbs hop)
   std::atomic<uint64_t> failures{0};     // connections whose data streams on this NIC failed (rail failover)
   std::atomic<uint64_t> bytesResent{0};  // bytes sent again over other NICs after this NIC failed
+  std::atomic<uint64_t> degradedMs{0};   // summed over connections: time this NIC was out of one (failed or moved)
+  std::atomic<uint64_t> movedConnections{0};  // single-NIC connections that moved here when their own NIC failed
 
   void addRouted() { routedConnections.fetch_add(1, std::memory_order_relaxed); }
   void addHopped(uint64_t bytes) { bytesHopped.fetch_add(bytes, std::memory_order_relaxed); }
   void addFailure() { failures.fetch_add(1, std::memory_order_relaxed); }
   void addResent(uint64_t bytes) { bytesResent.fetch_add(bytes, std::memory_order_relaxed); }
+  void addDegraded(uint64_t ms) { degradedMs.fetch_add(ms, std::memory_order_relaxed); }
+  // A single-NIC connection whose NIC failed now runs here; cross-rail when the rails differ (as addConnection).
+  void addMoved(int localRail, int remoteRail) {
+    movedConnections.fetch_add(1, std::memory_order_relaxed);
+    if (localRail >= 0 && remoteRail >= 0 && localRail != remoteRail) {
+      crossRailConnections.fetch_add(1, std::memory_order_relaxed);
+    }
+  }
   void addSent(uint64_t bytes) { bytesSent.fetch_add(bytes, std::memory_order_relaxed); }
   void addReceived(uint64_t bytes) { bytesReceived.fetch_add(bytes, std::memory_order_relaxed); }
   // One established connection (either side); railIds use NCCL_NET_ID_UNDEF (-1) when unknown, which never
@@ -48,6 +58,8 @@ struct NicCounterSnapshot {
   uint64_t bytesHopped;
   uint64_t failures;
   uint64_t bytesResent;
+  uint64_t degradedMs;
+  uint64_t movedConnections;
 };
 
 // The counters of the NIC named `nic` (created on first use; the reference stays valid for the process's life).

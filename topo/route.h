@@ -3,7 +3,9 @@
 // one rail (a rail-optimized fabric's leaf) instead of crossing the spine. Pure: rails in, a choice out.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 namespace railnet::topo {
@@ -20,6 +22,21 @@ int routeDevice(const std::vector<int16_t>& deviceRails, int localDev, int16_t r
     if (deviceRails[dev] == remoteRail && eligible(static_cast<int>(dev))) return static_cast<int>(dev);
   }
   return localDev;
+}
+
+// Rail failover (docs/failover.md "Single-NIC devices"): the devices a single-NIC connection from `fromDev` may move
+// to when its NIC fails, nearest first: ascending distance(fromDev, candidate) (a PCI path class; larger when
+// unknown), then by index. `eligible` admits a candidate (a physical device of the same address family).
+template <class Distance, class Eligible>
+std::vector<int> spareOrder(int devices, int fromDev, Distance distance, Eligible eligible) {
+  std::vector<std::pair<int, int>> ranked;  // (distance, device)
+  for (int dev = 0; dev < devices; ++dev) {
+    if (dev != fromDev && eligible(dev)) ranked.emplace_back(distance(fromDev, dev), dev);
+  }
+  std::sort(ranked.begin(), ranked.end());
+  std::vector<int> order;
+  for (const auto& entry : ranked) order.push_back(entry.second);
+  return order;
 }
 
 }  // namespace railnet::topo

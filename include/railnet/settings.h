@@ -97,28 +97,34 @@ inline constexpr int64_t kSizeMax = INT64_MAX;
      {"delivered", SendCompletion::kDelivered}),                                                                 \
     "When a TCP send completes: written (its bytes are in the kernel's socket buffers) or delivered (the "      \
     "receiver has them all: it sends a done frame per buffer, as rail failover needs; docs/failover.md); auto: " \
-    "delivered on fused devices while RAILNET_FAILOVER=1 (their sends survive a NIC's failure), else written. " \
+    "delivered while RAILNET_FAILOVER=1 on fused devices and on single-NIC devices whose host has another NIC "  \
+    "(their sends survive a NIC's failure), else written. "                                                      \
     "The sending side decides; verbs sends always complete on delivery.")                                        \
   X(Int, failover, "RAILNET_FAILOVER", 1, (0, 1),                                                                \
     "1: a TCP connection survives a broken control socket (control frames are numbered and kept until "          \
-    "acknowledged, the sending side re-makes the socket and each side sends again what the other lacks), and a " \
+    "acknowledged, the sending side re-makes the socket and each side sends again what the other lacks), a "     \
     "fused device survives a NIC whose data streams fail (their chunks of sends not yet delivered go again over " \
-    "the other NICs; docs/failover.md); 0: either failure fails the connection with ncclRemoteError. The "        \
-    "sending side decides.")                                                                                     \
+    "the other NICs), and a single-NIC device moves to another NIC of its host when its own fails, and back "    \
+    "when it answers (docs/failover.md); 0: any of these failures fails the connection with ncclRemoteError. "   \
+    "The sending side decides.")                                                                                 \
   X(Int, failoverSilenceMs, "RAILNET_FAILOVER_SILENCE_MS", 2000, (100, kIntMax),                                 \
-    "A fused TCP device's NIC whose sockets wait this long for an acknowledgement while another NIC's answer is " \
-    "taken out of the connection (its chunks go again over the others): a silent path, not a slow peer, whose "  \
-    "kernel acknowledges.")                                                                                       \
+    "A TCP NIC whose sockets wait this long for an acknowledgement is taken out of the connection: a fused "    \
+    "device's (while another NIC answers) sends its chunks again over the others, a single-NIC device moves to " \
+    "another NIC (or fails within RAILNET_FAILOVER_RESUME_MS when none reaches the peer): a silent path, not a " \
+    "slow peer, whose kernel acknowledges. A sender waiting for the receiver sends a keep-alive every quarter "  \
+    "of it, so a path silent one way is seen too.")                                                              \
   X(Int, failoverProbes, "RAILNET_FAILOVER_PROBES", 0, (0, kIntMax),                                             \
-    "Failback: a failed NIC of a fused TCP device is probed (its data streams made again through it, 1 s after "  \
-    "the failure, then with the wait doubling up to 30 s) at most this many times per connection; 0: for as long " \
-    "as the connection lives. When a probe's streams are all made, the NIC carries traffic again.")              \
+    "Failback: a failed TCP NIC is probed (a fused device's: its data streams made again through it; a moved "   \
+    "single-NIC connection's: its streams made again over its own NIC once its sends in flight are delivered), " \
+    "1 s after the failure, then with the wait doubling up to 30 s, and at once when the OS says its link is "   \
+    "up again, at most this many times per connection; 0: for as long as the connection lives.")                \
   X(Int, failoverResumeMs, "RAILNET_FAILOVER_RESUME_MS", 2000, (10, kIntMax),                                    \
     "A broken control socket that is not re-made within this many ms fails its connection (ncclRemoteError, "   \
     "naming the peer).")                                                                                          \
   X(Int, faultNicCut, "RAILNET_FAULT_NIC_CUT", -1, (-1, 63),                                                    \
-    "Test feature: a fused TCP device's send comms cut the data streams of their local NIC N (shutdown, both "    \
-    "ways) once RAILNET_FAULT_NIC_CUT_BYTES have been queued on it, as a failing NIC would; -1: off.")            \
+    "Test feature: TCP send comms that fail over (fused devices, single-NIC devices that can move) cut the "     \
+    "data streams of their local NIC N (shutdown, both ways; NIC 0's control socket too) once "                  \
+    "RAILNET_FAULT_NIC_CUT_BYTES have been queued on it, as a failing NIC would; -1: off.")                       \
   X(Int, faultNicCutBytes, "RAILNET_FAULT_NIC_CUT_BYTES", 1048576, (0, kSizeMax),                               \
     "Test feature: bytes queued on RAILNET_FAULT_NIC_CUT's NIC before its streams are cut.")                     \
   X(Int, faultControlCut, "RAILNET_FAULT_CONTROL_CUT", 0, (0, kIntMax),                                         \

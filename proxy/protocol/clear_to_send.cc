@@ -39,6 +39,7 @@ long ClearToSendQueue::parse(const char* data, size_t size, std::string* why, Co
       if (size - used < sizeof(FrameHeader) + frame.size) break;
       const char* payload = data + used + sizeof(FrameHeader);
       events->session.assign(payload, payload + frame.size);
+      events->sessionNics = frame.extraKeys;
       ++events->numbered;
       used += sizeof(FrameHeader) + frame.size;
       continue;

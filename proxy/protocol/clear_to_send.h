@@ -26,6 +26,7 @@ struct ControlEvents {
   uint32_t numbered = 0;                   // numbered frames taken: clear-to-sends, done, session
   std::optional<uint32_t> acknowledged;    // the last kAck's count
   std::vector<char> session;               // the last kSession frame's payload
+  uint16_t sessionNics = 0;                // its count of the connection's own NICs (0: every entry)
 };
 
 class ClearToSendQueue {

@@ -59,15 +59,78 @@ void ControlChannel::setRejoinHandlers(RejoinedHandler rejoined, RejoinFailedHan
 }
 
 bool ControlChannel::rejoin(int stream, int streams, int nic, uint32_t failure) {
+  size_t targets = 0;
+  {
+    std::lock_guard<std::mutex> lock(outputMutex_);
+    targets = connectionTargets_;
+  }
+  // Data stream s arrived on the receiver's NIC s % (its count): the same listener again.
+  return targets != 0 && rejoinVia(stream, streams, Route{nic, static_cast<int>(static_cast<size_t>(stream) % targets)},
+                                   failure);
+}
+
+bool ControlChannel::rejoinVia(int stream, int streams, const Route& route, uint32_t failure) {
   std::lock_guard<std::mutex> lock(outputMutex_);
-  if (!resumable_ || resumeTargets_.empty() || nic < 0 || static_cast<size_t>(nic) >= resume_.locals.size()) {
+  if (!resumable_ || route.target < 0 || static_cast<size_t>(route.target) >= resumeTargets_.size() ||
+      route.local < 0 || static_cast<size_t>(route.local) >= resume_.locals.size()) {
     return false;
   }
-  ReconnectPlan plan{resume_.key, {resumeTargets_[static_cast<size_t>(stream) % resumeTargets_.size()]},
-                     {resume_.locals[static_cast<size_t>(nic)]}, 0, resume_.stream,
+  ReconnectPlan plan{resume_.key, {resumeTargets_[static_cast<size_t>(route.target)]},
+                     {resume_.locals[static_cast<size_t>(route.local)]}, 0, resume_.stream,
                      std::chrono::steady_clock::now() + resume_.limit};
   service_->rejoin(this, plan, stream, streams, failure);
   return true;
+}
+
+ControlChannel::Route ControlChannel::route() const {
+  const uint32_t packed = route_.load(std::memory_order_acquire);
+  return Route{static_cast<int>(packed >> 16) - 1, static_cast<int>(packed & 0xffff)};
+}
+
+bool ControlChannel::leavesFrom(int nic) {
+  std::lock_guard<std::mutex> lock(outputMutex_);
+  if (nic < 0 || static_cast<size_t>(nic) >= resume_.locals.size()) return true;
+  SocketAddress local;
+  local.length = sizeof(local.storage);
+  if (getsockname(fd_.get(), reinterpret_cast<sockaddr*>(&local.storage), &local.length) != 0) return true;
+  return sameHostAddress(local, resume_.locals[static_cast<size_t>(nic)]);
+}
+
+bool ControlChannel::knowsListeners() {
+  std::lock_guard<std::mutex> lock(outputMutex_);
+  return !resumeTargets_.empty();
+}
+
+std::string ControlChannel::describeRoute(const Route& route) {
+  std::lock_guard<std::mutex> lock(outputMutex_);
+  auto name = [](const std::vector<SocketAddress>& list, int index) {
+    return index >= 0 && static_cast<size_t>(index) < list.size() ? list[static_cast<size_t>(index)].toString()
+                                                                    : std::string("the kernel's choice");
+  };
+  return name(resume_.locals, route.local) + " to " + name(resumeTargets_, route.target);
+}
+
+ControlChannel::Route ControlChannel::routeOf(int fd) const {
+  // The local address's IP among the local NICs (any port), the peer's address among the session listeners.
+  SocketAddress local;
+  local.length = sizeof(local.storage);
+  Route route{-1, 0};
+  if (getsockname(fd, reinterpret_cast<sockaddr*>(&local.storage), &local.length) == 0) {
+    for (size_t i = 0; i < resume_.locals.size(); ++i) {
+      if (sameHostAddress(local, resume_.locals[i])) {
+        route.local = static_cast<int>(i);
+        break;
+      }
+    }
+  }
+  const SocketAddress peer = peerAddress(fd);
+  for (size_t i = 0; i < resumeTargets_.size(); ++i) {
+    if (sameHostAddress(peer, resumeTargets_[i]) && peer.port() == resumeTargets_[i].port()) {
+      route.target = static_cast<int>(i);
+      break;
+    }
+  }
+  return route;
 }
 
 void ControlChannel::stopAvoiding(int nic) {
@@ -84,8 +147,8 @@ void ControlChannel::rejoinedStream(int stream, Fd socket, uint32_t failure) noe
   if (onRejoined_) onRejoined_(stream, std::move(socket), failure);
 }
 
-void ControlChannel::rejoinFailed(int stream, const std::string& why) noexcept {
-  if (onRejoinFailed_) onRejoinFailed_(stream, why);
+void ControlChannel::rejoinFailed(int stream, uint32_t failure, const std::string& why) noexcept {
+  if (onRejoinFailed_) onRejoinFailed_(stream, failure, why);
 }
 
 void ControlChannel::recordSocketFailure(const char* what, ssize_t result) {
@@ -120,8 +183,9 @@ void ControlChannel::enableResume(const ResumeOptions& options) {
     memcpy(entries.data() + i * kSessionEntryBytes, &listener.storage, std::min<size_t>(listener.length, kSessionEntryBytes));
   }
   service_->addAcceptor(this, resume_.key);
-  FrameHeader session{static_cast<uint8_t>(FrameType::kSession), static_cast<uint8_t>(locals.size()), 0, 0,
-                      entries.size()};
+  const size_t ownNics = resume_.connectionNics == 0 ? locals.size() : std::min(resume_.connectionNics, locals.size());
+  FrameHeader session{static_cast<uint8_t>(FrameType::kSession), static_cast<uint8_t>(locals.size()),
+                      static_cast<uint16_t>(ownNics), 0, entries.size()};
   send(&session, sizeof(session), entries.data(), entries.size());
   std::lock_guard<std::mutex> lock(outputMutex_);
   cutEvery_ = options.cutEvery;  // after the session frame: a sender that never learns it cannot re-make anything
@@ -279,6 +343,18 @@ void ControlChannel::framesProcessed(uint32_t count) {
   if (!broken() && !failed()) writeLocked(&piece, 1);  // not logged: a re-made socket's resume carries the count
 }
 
+void ControlChannel::keepAlive(std::chrono::steady_clock::time_point now, std::chrono::milliseconds interval) {
+  if (!resumable_ || broken() || failed()) return;
+  std::lock_guard<std::mutex> input(inputMutex_);
+  if (now - lastKeepAlive_ < interval) return;
+  lastKeepAlive_ = now;
+  acknowledgedUpTo_ = processed_;
+  const FrameHeader ack{static_cast<uint8_t>(FrameType::kAck), 0, 0, 0, processed_};
+  const iovec piece{const_cast<FrameHeader*>(&ack), sizeof(ack)};
+  std::lock_guard<std::mutex> lock(outputMutex_);
+  if (!broken() && !failed()) writeLocked(&piece, 1);
+}
+
 bool ControlChannel::acknowledged(uint32_t processed) {
   std::lock_guard<std::mutex> lock(outputMutex_);
   if (log_.acknowledge(processed)) return true;
@@ -287,7 +363,7 @@ bool ControlChannel::acknowledged(uint32_t processed) {
   return false;
 }
 
-bool ControlChannel::sessionListeners(const char* entries, size_t size) {
+bool ControlChannel::sessionListeners(const char* entries, size_t size, size_t connectionNics) {
   std::vector<SocketAddress> targets;
   for (size_t at = 0; at + kSessionEntryBytes <= size; at += kSessionEntryBytes) {
     SocketAddress target;
@@ -305,6 +381,7 @@ bool ControlChannel::sessionListeners(const char* entries, size_t size) {
     return false;
   }
   std::lock_guard<std::mutex> lock(outputMutex_);
+  connectionTargets_ = connectionNics == 0 ? targets.size() : std::min(connectionNics, targets.size());
   resumeTargets_ = std::move(targets);
   // Broken before the frame was read (it was still in the old socket's buffer): re-make the socket now.
   if (broken()) {
@@ -379,6 +456,11 @@ void ControlChannel::resumed(Fd socket, uint32_t peerProcessed) noexcept {
     retired_.push_back(std::move(fd_));
     fd_ = std::move(socket);
     readFd_.store(fd_.get(), std::memory_order_release);
+    if (!resume_.acceptor) {
+      const Route now = routeOf(fd_.get());
+      route_.store(static_cast<uint32_t>(now.local + 1) << 16 | static_cast<uint32_t>(now.target),
+                   std::memory_order_release);
+    }
     dropInput();
     frozen_ = false;
     ++inputGeneration_;

@@ -44,6 +44,10 @@ struct ResumeOptions {
   // chooses). Receiving side: the local addresses of the connection's sockets, one per NIC, NIC 0 first: a session
   // listener on each, named to the sender in the kSession frame (empty: the control socket's).
   std::vector<SocketAddress> locals;
+  // How many of `locals` are the connection's own NICs; the rest are other NICs of this host that a single-NIC
+  // connection may move to (sending side: nearest first; receiving side: listed after the connection's in kSession).
+  // 0: all of them.
+  size_t connectionNics = 0;
   StreamOptions stream;
   std::chrono::milliseconds limit{2000};  // a broken socket not re-made within this fails the connection
   uint32_t cutEvery = 0;  // test feature (RAILNET_FAULT_CONTROL_CUT): cut the socket in every this-many-th frame
@@ -89,10 +93,30 @@ class ControlChannel final : private ResumeEndpoint {
   uint64_t inputGeneration() const { return inputGeneration_; }
   // The reader processed `count` numbered frames (under lockInput()); acknowledges them now and then.
   void framesProcessed(uint32_t count);
+  // Sending side, waiting for the peer's frames: a kAck repeating what this side processed, at most one per
+  // `interval`, so a path that went silent while only the peer had something to say still leaves one of this side's
+  // frames unacknowledged, which the silence check sees (docs/failover.md "Detection"). Takes lockInput().
+  void keepAlive(std::chrono::steady_clock::time_point now, std::chrono::milliseconds interval);
   // The peer's kAck: it processed our frames before `processed`. False on a count out of range (failure recorded).
   bool acknowledged(uint32_t processed);
-  // The sending side's kSession frame: the receiver's session listeners, `size` bytes of kSessionEntryBytes each.
-  bool sessionListeners(const char* entries, size_t size);
+  // The sending side's kSession frame: the receiver's session listeners, `size` bytes of kSessionEntryBytes each, the
+  // first `connectionNics` of them (0: all) on the connection's own NICs.
+  bool sessionListeners(const char* entries, size_t size, size_t connectionNics);
+  // A path between the hosts: indices into the local NICs (ResumeOptions::locals; -1: the kernel chooses) and the
+  // receiver's session listeners. The original path of NIC n is {n, n}.
+  struct Route {
+    int local = 0;
+    int target = 0;
+    bool operator==(const Route&) const = default;
+  };
+  // Sending side: the path the control socket now uses (matched by its addresses when it is re-made).
+  Route route() const;
+  // Sending side: the control socket leaves from local NIC `nic` (true when this side binds no addresses).
+  bool leavesFrom(int nic);
+  // "<local address> to <peer listener>" for WARNs.
+  std::string describeRoute(const Route& route);
+  // Sending side: the session listeners the receiver named beyond its connection's NICs (0 until kSession arrived).
+  bool knowsListeners();
   // Sending side: NIC n failed here; a re-made socket tries its address and the peer's NIC n last.
   void avoidNic(int nic);
   // Shut the socket down both ways (NIC 0 taken out of the connection, or RAILNET_FAULT_NIC_CUT of NIC 0): it is
@@ -101,11 +125,13 @@ class ControlChannel final : private ResumeEndpoint {
   // Failback (the comm's, set before enableResume): where made-again data streams go (any thread: the session
   // service's), and, on the sending side, the ones that could not be made.
   using RejoinedHandler = std::function<void(int stream, Fd socket, uint32_t failure)>;
-  using RejoinFailedHandler = std::function<void(int stream, const std::string& why)>;
+  using RejoinFailedHandler = std::function<void(int stream, uint32_t failure, const std::string& why)>;
   void setRejoinHandlers(RejoinedHandler rejoined, RejoinFailedHandler failed);
   // Sending side: make data stream `stream` (of `streams`) again from local NIC `nic` to the peer's listener of the
   // same index (modulo its count). False when the receiver named no listener or this side binds no NIC address.
   bool rejoin(int stream, int streams, int nic, uint32_t failure);
+  // The same over a given path (a single-NIC connection moving to another NIC, or back).
+  bool rejoinVia(int stream, int streams, const Route& route, uint32_t failure);
   // NIC n answers again: a re-made control socket no longer tries it last.
   void stopAvoiding(int nic);
   // Before the owner tears down what the rejoin handlers touch: no service call reaches this channel afterwards.
@@ -145,7 +171,7 @@ class ControlChannel final : private ResumeEndpoint {
   void resumeFailed(const std::string& why) noexcept override;
   void peerClosed() noexcept override;
   void rejoinedStream(int stream, Fd socket, uint32_t failure) noexcept override;
-  void rejoinFailed(int stream, const std::string& why) noexcept override;
+  void rejoinFailed(int stream, uint32_t failure, const std::string& why) noexcept override;
   RejoinedHandler onRejoined_;
   RejoinFailedHandler onRejoinFailed_;
 
@@ -177,12 +203,16 @@ class ControlChannel final : private ResumeEndpoint {
   uint32_t cutEvery_ = 0;         // guarded by outputMutex_: RAILNET_FAULT_CONTROL_CUT, once enableResume is done
   uint32_t framesSinceCut_ = 0;   // guarded by outputMutex_
   std::vector<SocketAddress> resumeTargets_;  // guarded by outputMutex_: the receiver's session listeners
+  size_t connectionTargets_ = 0;             // guarded by outputMutex_: how many are on the connection's NICs
+  std::atomic<uint32_t> route_{1u << 16};         // route(): local index + 1 in the high half, target in the low half
+  Route routeOf(int fd) const;               // holds outputMutex_
   uint64_t avoidNics_ = 0;                   // guarded by outputMutex_: ReconnectPlan::avoid
   std::string lossWhy_;           // guarded by outputMutex_
   std::atomic<bool> broken_{false};
   std::chrono::steady_clock::time_point brokenSince_{};  // guarded by outputMutex_
   std::atomic<int64_t> deadlineNs_{0};  // the broken socket's deadline (steady clock ns); read lock-free by read()
   std::atomic<uint64_t> resumes_{0};
+  std::chrono::steady_clock::time_point lastKeepAlive_{};  // guarded by inputMutex_
 
   std::mutex outputMutex_;
   std::vector<char> output_;  // guarded by outputMutex_

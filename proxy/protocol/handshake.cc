@@ -25,10 +25,70 @@ struct PendingConnect {
     bool connected = false;
     Hello hello{};
     size_t sent = 0;
+    std::chrono::steady_clock::time_point retryAt{};  // a refused connect of a connection that waits: when again
+    size_t nic = 0;                                    // the local NIC its connect leaves from
   };
   PeerInfo peer;
   std::vector<Socket> sockets;  // [0] is the control socket
+  std::vector<ListenAddress> remote;
+  std::vector<LocalNic> local;
+  StreamOptions stream;
+  bool standIns = false;  // a fused connection that can fail over: a socket whose NICs cannot connect stands in
+  // A single-NIC connection that can move: a connect its NIC refuses (link down, reset) is tried again every
+  // kConnectRetryPause until this deadline, as NCCL's own socket connect retries, rather than failing at once.
+  std::chrono::steady_clock::time_point retryUntil{};
 };
+
+constexpr auto kConnectRetryPause = std::chrono::milliseconds(100);
+constexpr auto kConnectRetryLimit = std::chrono::seconds(10);
+
+// Socket i failed to connect (why): true when it will be tried again (a connection that waits, within its time).
+bool retryLater(PendingConnect& pending, size_t i, const std::string& why) {
+  const auto now = std::chrono::steady_clock::now();
+  if (pending.retryUntil == std::chrono::steady_clock::time_point{} || now >= pending.retryUntil) return false;
+  PendingConnect::Socket& socket = pending.sockets[i];
+  if (pending.peer.whyDown.empty()) {
+    pending.peer.whyDown = why;
+    RN_INFO(NCCL_NET, "NET/railnet: %s; trying again every %lld ms for up to %lld s", why.c_str(),
+            static_cast<long long>(kConnectRetryPause.count()), static_cast<long long>(kConnectRetryLimit.count()));
+  }
+  socket.fd.reset();
+  socket.connected = false;
+  socket.sent = 0;
+  socket.retryAt = now + kConnectRetryPause;
+  return true;
+}
+
+// Socket i's connect from local NIC l to the peer's address r. Throws railnet::Error when connect() fails at once.
+void startSocket(PendingConnect& pending, size_t i, size_t l, size_t r) {
+  PendingConnect::Socket& socket = pending.sockets[i];
+  socket.target = pending.remote[r].address;
+  socket.connected = false;
+  socket.sent = 0;
+  socket.nic = l;
+  socket.fd.reset();
+  socket.fd = startConnect(socket.target, pending.local[l].bind);
+  configureStream(socket.fd.get(), pending.stream);
+}
+
+// Socket i could not connect (why) over its own pair of NICs, or a stand-in over another pair: that pair's NIC is
+// marked down, and the socket goes again over the first pair of NICs not marked down. False when none is left.
+bool standIn(PendingConnect& pending, size_t i, const std::string& why) {
+  const size_t nics = std::min(pending.local.size(), pending.remote.size());
+  if (pending.peer.nicsDownAtConnect == 0) pending.peer.whyDown = why;
+  pending.peer.nicsDownAtConnect |= uint64_t{1} << pending.sockets[i].nic;
+  for (size_t nic = 0; nic < nics; ++nic) {
+    if ((pending.peer.nicsDownAtConnect >> nic & 1) != 0) continue;
+    pending.sockets[i].hello.features |= kFeatureStandIn;
+    try {
+      startSocket(pending, i, nic, nic);
+      return true;
+    } catch (const Error&) {
+      pending.peer.nicsDownAtConnect |= uint64_t{1} << nic;  // this pair fails at once too: the next
+    }
+  }
+  return false;
+}
 
 std::mutex gPendingMutex;
 std::map<uint64_t, std::unique_ptr<PendingConnect>> gPending;  // guarded by gPendingMutex
@@ -45,6 +105,11 @@ std::unique_ptr<PendingConnect> startConnection(const Handle& handle, const Conn
   uint64_t connectionId;
   randomBytes(&connectionId, sizeof(connectionId));
   pending->peer.session = SessionKey{connectionId, {handle.secret[0], handle.secret[1]}};
+  pending->remote = remote;
+  pending->local = local;
+  pending->stream = options.stream;
+  pending->standIns = (options.features & kFeatureDataFailover) != 0 && local.size() > 1 && remote.size() > 1;
+  if ((options.features & kFeatureMove) != 0) pending->retryUntil = std::chrono::steady_clock::now() + kConnectRetryLimit;
   int streams = dataStreamCount(options);
   for (int i = 0; i <= streams; ++i) {
     // Control: NIC 0 to the first address; data stream s: NIC s % local to address s % remote.
@@ -52,10 +117,9 @@ std::unique_ptr<PendingConnect> startConnection(const Handle& handle, const Conn
     const LocalNic& from = local[s % local.size()];
     const ListenAddress& to = remote[s % remote.size()];
     if (i > 0) pending->peer.dataRails.push_back(to.railId);
-    PendingConnect::Socket socket;
-    socket.target = to.address;
-    socket.fd = startConnect(to.address, from.bind);
-    configureStream(socket.fd.get(), options.stream);
+    pending->sockets.emplace_back();
+    PendingConnect::Socket& socket = pending->sockets.back();
+    socket.nic = s % local.size();
     Hello& hello = socket.hello;
     hello.magic = kHelloMagic;
     hello.version = kWireVersion;
@@ -68,7 +132,23 @@ std::unique_ptr<PendingConnect> startConnection(const Handle& handle, const Conn
     hello.railId = from.railId;
     hello.nicCount = options.nicCount;
     hello.features = i == 0 ? options.features : 0;
-    pending->sockets.push_back(std::move(socket));
+    const bool knownDown = (pending->peer.nicsDownAtConnect >> (s % local.size()) & 1) != 0;
+    try {
+      if (knownDown) {
+        if (!standIn(*pending, static_cast<size_t>(i), pending->peer.whyDown)) {
+          fail(ncclSystemError, "NET/railnet: connect to %s failed on every pair of NICs: %s",
+               remote[0].address.toString().c_str(), pending->peer.whyDown.c_str());
+        }
+      } else {
+        startSocket(*pending, static_cast<size_t>(i), s % local.size(), s % remote.size());
+      }
+    } catch (const Error& error) {
+      if (knownDown) throw;
+      if (!(pending->standIns && standIn(*pending, static_cast<size_t>(i), error.what())) &&
+          !retryLater(*pending, static_cast<size_t>(i), error.what())) {
+        throw;
+      }
+    }
   }
   return pending;
 }
@@ -76,9 +156,32 @@ std::unique_ptr<PendingConnect> startConnection(const Handle& handle, const Conn
 // True once every socket is connected and its hello written.
 bool advance(PendingConnect& pending) {
   bool complete = true;
-  for (PendingConnect::Socket& socket : pending.sockets) {
+  for (size_t i = 0; i < pending.sockets.size(); ++i) {
+    PendingConnect::Socket& socket = pending.sockets[i];
+    if (!socket.fd.valid()) {  // waiting to try its connect again
+      complete = false;
+      if (std::chrono::steady_clock::now() < socket.retryAt) continue;
+      const size_t s = i == 0 ? 0 : i - 1;
+      try {
+        startSocket(pending, i, s % pending.local.size(), s % pending.remote.size());
+      } catch (const Error& error) {
+        if (!retryLater(pending, i, error.what())) throw;
+      }
+      continue;
+    }
     if (!socket.connected) {
-      if (connectFinished(socket.fd.get(), socket.target) == 0) {
+      int finished = 0;
+      try {
+        finished = connectFinished(socket.fd.get(), socket.target);
+      } catch (const Error& error) {
+        // A fused connection that can fail over starts without the NIC that refuses (link down, reset): its sockets
+        // stand in over another pair, and the sender takes the NIC out and probes it. A single-NIC one that can move
+        // tries again for a while (docs/failover.md).
+        if (!(pending.standIns && standIn(pending, i, error.what())) && !retryLater(pending, i, error.what())) throw;
+        complete = false;
+        continue;
+      }
+      if (finished == 0) {
         complete = false;
         continue;
       }
@@ -241,7 +344,7 @@ bool HandshakeListener::readHello(Arrival& arrival) {
   }
   bool control = arrival.hello.role == static_cast<uint16_t>(StreamRole::kControl);
   const size_t expectedListener = control ? 0 : arrival.hello.streamIndex % listeners_.size();
-  if (arrival.listener != expectedListener) {
+  if (arrival.listener != expectedListener && (arrival.hello.features & kFeatureStandIn) == 0) {
     reject(arrival, "arrived on another NIC of this fused device than its stream index names");
     return true;
   }
@@ -268,7 +371,7 @@ bool HandshakeListener::readHello(Arrival& arrival) {
     group.peer.peer = arrival.peer;
     group.peer.controlRail = arrival.hello.railId;
     group.peer.nicCount = std::max<int>(1, arrival.hello.nicCount);
-    group.peer.features = arrival.hello.features;
+    group.peer.features = arrival.hello.features & ~kFeatureStandIn;
     group.peer.session = SessionKey{arrival.hello.connectionId, {secret_[0], secret_[1]}};
   } else {
     group.peer.dataRails[arrival.hello.streamIndex] = arrival.hello.railId;

@@ -32,6 +32,10 @@ struct PeerInfo {
   int nicCount = 1;                // the peer device's ConnectOptions::nicCount (at least 1)
   uint32_t features = 0;           // what the connecting peer asked (Hello::features, kFeature*)
   SessionKey session;              // the connection's id and its listen handle's secret (resumable channels)
+  // Sending side of a fused connection that can fail over: bit n, local NIC n (or the peer's NIC n) could not be
+  // connected; its sockets stand in over another pair of NICs (wire.h kFeatureStandIn).
+  uint64_t nicsDownAtConnect = 0;
+  std::string whyDown;  // the first of those connect errors
 };
 // What a transport builds once all sockets of a connection are there: the TCP transport moves its data over
 // them; the verbs transport keeps only the control socket, for its QP records and oversize notices.

@@ -30,17 +30,6 @@ constexpr auto kTick = std::chrono::milliseconds(20);
 constexpr auto kTryLimit = std::chrono::milliseconds(400);
 
 // The same IP (and family), whatever the port.
-bool sameHost(const SocketAddress& a, const SocketAddress& b) {
-  if (a.storage.ss_family != b.storage.ss_family) return false;
-  if (a.storage.ss_family == AF_INET) {
-    return memcmp(&reinterpret_cast<const sockaddr_in*>(&a.storage)->sin_addr,
-                  &reinterpret_cast<const sockaddr_in*>(&b.storage)->sin_addr, sizeof(in_addr)) == 0;
-  }
-  const auto* a6 = reinterpret_cast<const sockaddr_in6*>(&a.storage);
-  const auto* b6 = reinterpret_cast<const sockaddr_in6*>(&b.storage);
-  return memcmp(&a6->sin6_addr, &b6->sin6_addr, sizeof(in6_addr)) == 0 && a6->sin6_scope_id == b6->sin6_scope_id;
-}
-
 SocketAddress withoutPort(SocketAddress address) {
   if (address.storage.ss_family == AF_INET) {
     reinterpret_cast<sockaddr_in*>(&address.storage)->sin_port = 0;
@@ -125,7 +114,7 @@ void SessionService::wake() {
 SocketAddress SessionService::listenerFor(const SocketAddress& local) {
   std::lock_guard<std::mutex> lock(mutex_);
   for (const Listener& listener : listeners_) {
-    if (sameHost(listener.address, local)) return listener.address;
+    if (sameHostAddress(listener.address, local)) return listener.address;
   }
   Listener listener;
   listener.fd = listenOn(withoutPort(local), &listener.address);
@@ -311,10 +300,11 @@ void SessionService::stepAttempts(std::unique_lock<std::mutex>& lock) {
     const auto now = std::chrono::steady_clock::now();
     auto retry = [&](std::string why) { attempt.tryNextPair(std::move(why), now); };
     const int rejoinStream = attempt.rejoinStream;
+    const uint32_t rejoinFailure = attempt.hello.resumeProcessed;
     auto giveUp = [&](const std::string& why) {
       attempts_.erase(it);
       if (rejoinStream >= 0) {
-        callEndpoint(lock, endpoint, [&] { endpoint->rejoinFailed(rejoinStream, why); });
+        callEndpoint(lock, endpoint, [&] { endpoint->rejoinFailed(rejoinStream, rejoinFailure, why); });
       } else {
         callEndpoint(lock, endpoint, [&] { endpoint->resumeFailed(why); });
       }
@@ -378,8 +368,9 @@ void SessionService::stepAttempts(std::unique_lock<std::mutex>& lock) {
           // A data stream: nothing answers; it is the comm's now.
           Fd socket = std::move(current.fd);
           const int stream = current.rejoinStream;
+          const uint32_t failure = current.hello.resumeProcessed;  // which failure of its NIC this recovers from
           attempts_.erase(it);
-          callEndpoint(lock, endpoint, [&] { endpoint->rejoinedStream(stream, std::move(socket), 0); });
+          callEndpoint(lock, endpoint, [&] { endpoint->rejoinedStream(stream, std::move(socket), failure); });
           continue;
         }
         current.phase = Attempt::Phase::kAnswer;

@@ -44,7 +44,7 @@ class ResumeEndpoint {
   // Failback: data stream `stream` made again (sending side: connected and its hello written; receiving side: its
   // hello arrived), or (sending side) not made (why).
   virtual void rejoinedStream(int stream, Fd socket, uint32_t failure) noexcept = 0;
-  virtual void rejoinFailed(int stream, const std::string& why) noexcept = 0;
+  virtual void rejoinFailed(int stream, uint32_t failure, const std::string& why) noexcept = 0;
 
  protected:
   ~ResumeEndpoint() = default;

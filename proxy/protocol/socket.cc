@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstring>
 
 #include "railnet/error.h"
 #include "railnet/text.h"
@@ -23,6 +24,26 @@ void Fd::reset(int fd) {
 }
 
 std::string SocketAddress::toString() const { return topo::formatAddress(get()); }
+
+uint16_t SocketAddress::port() const {
+  if (storage.ss_family == AF_INET) return ntohs(reinterpret_cast<const sockaddr_in*>(&storage)->sin_port);
+  if (storage.ss_family == AF_INET6) return ntohs(reinterpret_cast<const sockaddr_in6*>(&storage)->sin6_port);
+  return 0;
+}
+
+bool sameHostAddress(const SocketAddress& a, const SocketAddress& b) {
+  if (a.storage.ss_family != b.storage.ss_family) return false;
+  if (a.storage.ss_family == AF_INET) {
+    return reinterpret_cast<const sockaddr_in*>(&a.storage)->sin_addr.s_addr ==
+           reinterpret_cast<const sockaddr_in*>(&b.storage)->sin_addr.s_addr;
+  }
+  if (a.storage.ss_family == AF_INET6) {
+    const auto* a6 = reinterpret_cast<const sockaddr_in6*>(&a.storage);
+    const auto* b6 = reinterpret_cast<const sockaddr_in6*>(&b.storage);
+    return memcmp(&a6->sin6_addr, &b6->sin6_addr, sizeof(in6_addr)) == 0 && a6->sin6_scope_id == b6->sin6_scope_id;
+  }
+  return false;
+}
 
 namespace {
 

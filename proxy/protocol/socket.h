@@ -35,7 +35,11 @@ struct SocketAddress {
   socklen_t length = 0;
   const sockaddr* get() const { return reinterpret_cast<const sockaddr*>(&storage); }
   std::string toString() const;
+  uint16_t port() const;  // host order; 0 for a family other than IPv4/IPv6
 };
+
+// The same family and IP (and IPv6 scope), ports aside.
+bool sameHostAddress(const SocketAddress& a, const SocketAddress& b);
 
 // A non-blocking listening socket bound to `address` (port 0 picks one); returns the bound address.
 // errno's text, and for EMFILE/ENFILE what the limit is, how many are open and what a connection costs, so running

@@ -102,7 +102,18 @@ inline constexpr uint32_t kFeatureResume = 2;
 // yet delivered again over the other NICs; the receiver takes a failed data stream as that, not as the peer's end,
 // and drops chunks of receives it has already finished (copies of chunks that had arrived).
 inline constexpr uint32_t kFeatureDataFailover = 4;
-inline constexpr uint32_t kKnownFeatures = kFeatureDeliveredCompletion | kFeatureResume | kFeatureDataFailover;
+// kFeatureMove (with kFeatureDataFailover, a sender whose device has one NIC): when that NIC fails, the connection
+// moves to another NIC of either host, so the receiver lists its other NICs' session listeners after the
+// connection's in its kSession frame (docs/failover.md "Single-NIC devices"). With kFeatureDataFailover the receiver
+// never takes every stream and the control socket closed as the sender's end: the sender may be probing its NICs or
+// moving; the control channel's resume limit decides.
+inline constexpr uint32_t kFeatureMove = 8;
+// kFeatureStandIn (any socket's hello, with kFeatureDataFailover on the connection): this socket stands in for one
+// whose pair of NICs could not connect (a fused connection made while one of its NICs was down), so it arrives on
+// another listener of the fused device than its index names; the sender takes that NIC out at once and probes it.
+inline constexpr uint32_t kFeatureStandIn = 16;
+inline constexpr uint32_t kKnownFeatures =
+    kFeatureDeliveredCompletion | kFeatureResume | kFeatureDataFailover | kFeatureMove | kFeatureStandIn;
 
 // Checks a hello against the listener's secret; returns nullptr when valid, else why not.
 const char* validateHello(const Hello& hello, const uint64_t secret[2]);
@@ -111,7 +122,8 @@ const char* validateHello(const Hello& hello, const uint64_t secret[2]);
 // Sender -> receiver: kInline, kOversize. With kFeatureResume, both ways: kAck (size: frames of the other side
 // processed so far, mod 2^32), kResume (the first frame on a re-made control socket, from the side that accepted
 // it; size: its processed count), and receiver -> sender kSession (size: bytes of a sockaddr that follow, the
-// receiver's session listeners, kSessionEntryBytes each: a sockaddr, zero-padded). kAck and kResume are not numbered;
+// receiver's session listeners, kSessionEntryBytes each: a sockaddr, zero-padded; extraKeys: how many of them are the
+// connection's NICs, the rest being its host's other NICs a single-NIC connection may move to; 0: all). kAck and kResume are not numbered;
 // every other frame is, in sending order from 0.
 enum class FrameType : uint8_t {
   kClearToSend = 1, kInline = 2, kOversize = 3, kDone = 4, kAck = 5, kResume = 6, kSession = 7, kNicFailed = 8

@@ -22,10 +22,18 @@ void DataStreams::setCounters(const NicLayout& layout) {
 }
 
 bool DataStreams::rejoin(int index, Fd socket) {
+  const size_t at = static_cast<size_t>(index);
+  return rejoin(index, std::move(socket), at < counters_.size() ? counters_[at] : nullptr,
+                at < shaping_.size() ? shaping_[at] : shaping::EgressShaping{});
+}
+
+bool DataStreams::rejoin(int index, Fd socket, NicCounters* counters, const shaping::EgressShaping& shaping) {
   Stream& stream = *streams_.at(static_cast<size_t>(index));
   const bool wasDead = stream.dead();
   engine_->detach(&stream);
   stream.restart(std::move(socket));
+  stream.setCounters(counters);
+  stream.setShaping(shaping);
   engine_->attach(&stream);
   stream.revive();
   return wasDead;

@@ -23,6 +23,19 @@ struct NicLayout {
   std::vector<shaping::EgressShaping> shaping;  // per NIC, parallel to nics (empty: unshaped); fabric_shaper.h
   uint64_t minStripeBytes = 0;     // sender of a fused device: planStripes' threshold (protocol/stripe_plan.h)
   std::vector<std::string> names;  // per NIC, parallel to nics (for failover's WARNs)
+  // A single-NIC device's sender (rail failover): the host's other NICs it may move to, nearest first, parallel to
+  // ResumeOptions::locals[1..]. Their counters count the moved connection (cross-rail when the rails differ).
+  struct Spare {
+    std::string name;
+    NicCounters* counters = nullptr;
+    int16_t railId = -1;
+    shaping::EgressShaping shaping;  // fabric emulation: its bucket (and the spine's when its rail is not the peer's)
+  };
+  std::vector<Spare> spares;
+  int16_t peerRail = -1;  // the peer NIC's rail (the connection's control rail), for cross-rail counting
+  // Sender of a fused device: NICs that could not connect (protocol::PeerInfo::nicsDownAtConnect), and why.
+  uint64_t nicsDownAtConnect = 0;
+  std::string whyDown;
 };
 
 class DataStreams {
@@ -42,6 +55,9 @@ class DataStreams {
   // Failback: stream `index` starts again on `socket` (detached, restarted, attached, revived). True when it was
   // dead before (a live one, whose path went silent, is replaced as well).
   bool rejoin(int index, Fd socket);
+  // The same, counting on `counters` and drawing from `shaping` from now on (a single-NIC connection moved to another
+  // NIC, or back).
+  bool rejoin(int index, Fd socket, NicCounters* counters, const shaping::EgressShaping& shaping);
 
   int count() const { return static_cast<int>(started_ ? streams_.size() : pending_.size()); }
   // Distinct helper threads serving the streams, fixed at start(): pieces of one message beyond this many run

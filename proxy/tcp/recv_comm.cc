@@ -232,7 +232,7 @@ void TcpRecvComm::pumpControl() {
 bool TcpRecvComm::peerGone() const {
   // Failed for a reason other than a clean close, or closed with nothing left on any stream.
   return control_.failed() ||
-         ((controlClosed_.load(std::memory_order_acquire) || control_.broken()) &&
+         ((controlClosed_.load(std::memory_order_acquire) || (control_.broken() && !dataFailover_)) &&
           openStreams_.load(std::memory_order_acquire) == 0);
 }
 

@@ -88,6 +88,8 @@ class TcpRecvComm final : public RecvComm, private StreamOwner, private progress
 
   protocol::ControlChannel control_;
   const bool sendDoneFrames_;
+  // Every stream and the control socket gone at once may be the sender's NICs failing, not its end (it probes them,
+  // or moves to another NIC): only the control channel's resume limit judges the sender gone.
   const bool dataFailover_;
   int nics_ = 1;                                  // local NICs the data streams spread over (stream s: NIC s % nics_)
   std::vector<std::string> nicNames_;

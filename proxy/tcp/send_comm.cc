@@ -47,7 +47,7 @@ TcpSendComm::TcpSendComm(Fd control, std::vector<Fd> data, const protocol::Socke
   minChunkBytes_ = static_cast<uint64_t>(config.tcpMinChunkBytes);  // >= 4096 (settings table)
   if (!layout.nics.empty()) control_.setCounters(layout.nics[0]);
   if (resume != nullptr) control_.enableResume(*resume);
-  if (!layout.shaping.empty()) controlShaping_ = layout.shaping[0];
+  if (!layout.shaping.empty()) controlShaping_ = ownShaping_ = layout.shaping[0];
   streams_.setCounters(layout);
   nics_ = std::clamp(static_cast<int>(layout.nics.size()), 1, std::max(1, streams_.count()));
   nics_ = std::min(nics_, kMaxStripeNics);
@@ -60,18 +60,51 @@ TcpSendComm::TcpSendComm(Fd control, std::vector<Fd> data, const protocol::Socke
   }
   probes_.resize(static_cast<size_t>(nics_));
   probeCap_ = static_cast<uint64_t>(config.failoverProbes);
-  if (dataFailover_) {
+  keepAliveInterval_ = std::chrono::milliseconds(std::max<int64_t>(config.failoverSilenceMs / 4, 25));
+  resumeLimit_ = std::chrono::milliseconds(config.failoverResumeMs);
+  // A single-NIC device with other NICs on its host moves when its NIC fails (send_move.cc).
+  movable_ = dataFailover_ && nics_ == 1 && !layout.spares.empty() && resume != nullptr;
+  spares_ = layout.spares;
+  peerRail_ = layout.peerRail;
+  streamRoutes_.assign(static_cast<size_t>(streams_.count()), Route{});
+  streamMadeFor_.assign(static_cast<size_t>(streams_.count()), 0);
+  if (movable_) {
+    control_.setRejoinHandlers(
+        [this](int stream, Fd socket, uint32_t failure) { movedStreamRejoined(stream, std::move(socket), failure); },
+        [this](int stream, uint32_t failure, const std::string& why) { movedRejoinFailed(stream, failure, why); });
+  } else if (dataFailover_) {
     control_.setRejoinHandlers([this](int stream, Fd socket, uint32_t) { streamRejoined(stream, std::move(socket)); },
-                               [this](int stream, const std::string& why) { rejoinFailed(stream, why); });
+                               [this](int stream, uint32_t, const std::string& why) { rejoinFailed(stream, why); });
   }
   streams_.start(this, dataFailover_);  // helper threads may call stealChunk at once
   watchdog_.start(this);
+  if (dataFailover_) links_.start([this](const std::string& interface, bool up) { linkChanged(interface, up); });
+  if (dataFailover_ && layout.nicsDownAtConnect != 0) {
+    // A fused connection made while some of its NICs could not connect: their sockets stood in over the others.
+    // Those NICs are out from the start (their stand-in streams go) and probed from 1 s, as after any failure.
+    std::lock_guard<std::mutex> lock(mutex_);
+    for (int nic = 0; nic < nics_; ++nic) {
+      if ((layout.nicsDownAtConnect >> nic & 1) == 0) continue;
+      RN_WARN("NET/railnet: send connection with %s: %s could not connect (%s); the connection starts without it",
+              control_.peerName().c_str(), nicName(nic).c_str(), layout.whyDown.c_str());
+      takeNicOut(nic);
+    }
+  }
 }
 
 TcpSendComm::~TcpSendComm() {
+  links_.reset();
   watchdog_.reset();
   control_.detachFromService();  // no rejoined stream arrives while the streams go
   streams_.stop();
+  if (dataFailover_) {
+    // Time out of the connection so far, for NICs still failed (or a single-NIC connection still moved).
+    const auto now = std::chrono::steady_clock::now();
+    const uint64_t failed = failedNics_.load(std::memory_order_acquire);
+    for (int nic = 0; nic < nics_; ++nic) {
+      if ((failed >> nic & 1) != 0 || (nic == 0 && movable_ && dataRoute_ != Route{})) countDegraded(nic, now);
+    }
+  }
   if (held_.groupsCarried() != 0) {
     RN_INFO(NCCL_NET, "NET/railnet: send comm to %s carried %llu members of grouped receives in %llu writes",
             control_.peerName().c_str(), static_cast<unsigned long long>(held_.membersCarried()),
@@ -116,7 +149,8 @@ bool TcpSendComm::parseClearToSends() {
   }
   control_.consume(static_cast<size_t>(used));
   if (events_.acknowledged && !control_.acknowledged(*events_.acknowledged)) return false;
-  if (!events_.session.empty() && !control_.sessionListeners(events_.session.data(), events_.session.size())) {
+  if (!events_.session.empty() &&
+      !control_.sessionListeners(events_.session.data(), events_.session.size(), events_.sessionNics)) {
     return false;
   }
   for (const protocol::DoneFrame& delivered : done_) {
@@ -159,6 +193,17 @@ ncclResult_t TcpSendComm::isend(void* data, size_t size, int tag, MemoryRegion* 
   if (held_.due()) flushHeld();
   pumpStaging();
   if (control_.failed() || !control_.flush()) return control_.reportFailure();
+  if (moving_.load(std::memory_order_acquire)) {
+    // A single-NIC connection moving to another path (or back): new sends wait for its streams (NCCL retries).
+    advanceMove();
+    advanceReturn();
+    if (moving_.load(std::memory_order_acquire)) return ncclSuccess;
+  }
+  if (allDown_.load(std::memory_order_acquire)) {
+    whileAllNicsDown(std::chrono::steady_clock::now());
+    if (control_.failed()) return control_.reportFailure();
+    if (allDown_.load(std::memory_order_acquire)) return ncclSuccess;  // new sends wait for a NIC (NCCL retries)
+  }
   const bool fromGpu = onGpu(mr);
   // Fabric emulation: a message that may go inline waits (a NULL request: NCCL retries) until NIC 0's bucket has
   // room for all of it; larger ones wait in their streams. Given back below if it does not go inline after all.
@@ -174,6 +219,8 @@ ncclResult_t TcpSendComm::isend(void* data, size_t size, int tag, MemoryRegion* 
   if (!found) {
     if (mayInline) controlShaping_.refund(size);
     warnIfStalled(tag);
+    // Waiting for the receiver: a path silent from its side only would otherwise show nothing to the silence check.
+    if (dataFailover_) control_.keepAlive(std::chrono::steady_clock::now(), keepAliveInterval_);
     return ncclSuccess;
   }
   stalledSince_ = {};
@@ -305,7 +352,19 @@ void TcpSendComm::enqueueChunks(const ChunkTemplate& what, const char* data, uin
     op.pending = what.pending;
     op.slotPending = what.slotPending;
     op.sentBytes = what.sentBytes;
-    const int stream = placeChunk(op, first, step);
+    int stream = placeChunk(op, first, step);
+    if (stream == kParked && what.record == nullptr) {
+      control_.recordFailure("a NIC's data streams failed under a send staged from GPU memory, which cannot be sent "
+                             "again");
+      stream = -1;
+    }
+    if (stream == kParked) {
+      // A single-NIC connection moving to another NIC: the chunk goes once it has (moveFinished sends every chunk of
+      // the sends in flight again); until then it counts as released, like those its dead streams held.
+      what.pending->fetch_sub(1, std::memory_order_release);
+      what.record->chunks_.push_back(SendRequest::QueuedChunk{op, 0});
+      continue;
+    }
     if (stream < 0) {
       // No stream left: this chunk and the rest never leave, and count as done so nothing waits on them; the
       // recorded failure fails the send at test.
@@ -339,6 +398,8 @@ int TcpSendComm::placeChunk(const SendOp& op, int first, int step) {
       if (streams_[best].enqueue(op)) return best;  // false: it failed just now; choose again
     }
   }
+  // Every NIC failed: a single-NIC connection moves (send_move.cc), a fused one probes its NICs (whileAllNicsDown).
+  if (dataFailover_ && !control_.failed()) return kParked;
   control_.recordFailure("every data stream of the connection failed");
   return -1;
 }
@@ -453,9 +514,15 @@ void TcpSendComm::pumpStaging() {
 
 ncclResult_t TcpSendComm::testRequest(SendRequest* request, int* done, int* sizes) noexcept {
   *done = 0;
-  if (failoverDue_.load(std::memory_order_acquire)) {
+  if (failoverDue_.load(std::memory_order_acquire) || moving_.load(std::memory_order_acquire) ||
+      allDown_.load(std::memory_order_acquire)) {
     std::unique_lock<std::mutex> lock(mutex_, std::try_to_lock);
-    if (lock.owns_lock()) sendAgainFromFailedNics();
+    if (lock.owns_lock()) {
+      if (failoverDue_.load(std::memory_order_acquire)) sendAgainFromFailedNics();
+      advanceMove();
+      advanceReturn();
+      if (allDown_.load(std::memory_order_acquire)) whileAllNicsDown(std::chrono::steady_clock::now());
+    }
   }
   if (request->awaitingDone_.load(std::memory_order_acquire) &&
       request->pendingChunks_.load(std::memory_order_acquire) == 0) {

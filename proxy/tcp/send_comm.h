@@ -16,6 +16,7 @@
 #include "proxy/protocol/held_group.h"
 #include "proxy/protocol/request_pool.h"
 #include "proxy/protocol/stripe_plan.h"
+#include "proxy/progress/link_watch.h"
 #include "proxy/progress/watchdog.h"
 #include "proxy/staging/telemetry.h"
 #include "proxy/tcp/data_streams.h"
@@ -91,8 +92,10 @@ class TcpSendComm final : public SendComm, private StreamOwner, private progress
   void enqueueChunks(const ChunkTemplate& what, const char* data, uint64_t offset, uint64_t bytes, uint64_t chunk,
                      int first, int step);
   // Queues one chunk on the least-queued live stream among first, first + step, ... (any live stream when none of
-  // those lives); returns the stream, or -1 when no stream lives (the connection's failure is recorded).
+  // those lives); returns the stream, kParked when no stream lives but the connection fails over (the chunk waits
+  // for a NIC to answer again, or for the move), or -1 when no stream lives (the connection's failure is recorded).
   int placeChunk(const SendOp& op, int first, int step);
+  static constexpr int kParked = -2;
 
   // ---- rail failover (docs/failover.md); caller holds mutex_ ----
   // NICs whose streams failed since the last call: their chunks of sends not yet delivered go again over the others.
@@ -110,6 +113,55 @@ class TcpSendComm final : public SendComm, private StreamOwner, private progress
   void streamRejoined(int stream, Fd socket) noexcept;
   uint32_t nicFailures_[protocol::kMaxStripeNics] = {};  // guarded by mutex_: per NIC, its failures so far (kNicFailed)
   void rejoinFailed(int stream, const std::string& why) noexcept;
+  // The OS says a link changed (the link watch's thread): a NIC whose link went down is taken out at once, one whose
+  // link came back is probed at once.
+  void linkChanged(const std::string& interface, bool up) noexcept;
+  std::string nicName(int nic) const {
+    return static_cast<size_t>(nic) < nicNames_.size() ? nicNames_[static_cast<size_t>(nic)] : "NIC " + std::to_string(nic);
+  }
+  // Chunks recorded on the NICs of `nics` (a mask) for every send still waiting for its done frame go again over the
+  // live streams; per NIC, the bytes are added to resent[nic]. Returns the sends touched (0 when no stream lives: the
+  // failure is recorded).
+  uint64_t sendChunksAgain(uint64_t nics, uint64_t resent[protocol::kMaxStripeNics]);
+  // Every NIC of a fused device failed (allDown_): new sends wait, every failed NIC is probed at once, and the
+  // connection fails when none answers within RAILNET_FAILOVER_RESUME_MS. Caller holds mutex_.
+  void whileAllNicsDown(std::chrono::steady_clock::time_point now);
+  // Adds the time NIC `nic` has been out of the connection to its counters (at failback, or the comm's close).
+  void countDegraded(int nic, std::chrono::steady_clock::time_point now);
+
+  // ---- a single-NIC device moving to another NIC and back (send_move.cc, docs/failover.md "Single-NIC devices");
+  // caller holds mutex_ ----
+  using Route = protocol::ControlChannel::Route;
+  // Its NIC failed: new sends wait (moving_) until every data stream is made again over the path the re-made control
+  // connection found; then the chunks of sends in flight go again over them.
+  void advanceMove();
+  // Failback of a moved connection (the watchdog thread): a due probe holds new sends, and once every send in flight
+  // is delivered, makes the data streams again over the original path.
+  void probeOriginalPath(std::chrono::steady_clock::time_point now);
+  void advanceReturn();
+  // Nothing of a send in flight is still on its way.
+  bool sendsDelivered();
+  // A stream of the move or the return made (the session service's thread), or not.
+  void movedStreamRejoined(int stream, Fd socket, uint32_t failure) noexcept;
+  void movedRejoinFailed(int stream, uint32_t failure, const std::string& why) noexcept;
+  // Every stream of the move or return made: the connection carries traffic over `route`.
+  void moveFinished(const Route& route);
+  NicCounters* countersOf(const Route& route) const;  // the local NIC's of a path
+  shaping::EgressShaping shapingOf(const Route& route) const;  // fabric emulation: the local NIC's of a path
+  std::string localNicName(const Route& route) const;
+  bool movable_ = false;                 // a single-NIC device with other NICs to move to
+  std::vector<NicLayout::Spare> spares_;  // its host's other NICs, nearest first (ResumeOptions::locals[1..])
+  int16_t peerRail_ = -1;
+  std::atomic<bool> moving_{false};      // new sends wait: the streams are being made over another path
+  std::atomic<bool> allDown_{false};     // a fused device's every NIC failed: new sends wait (whileAllNicsDown)
+  std::chrono::steady_clock::time_point allDownSince_{};  // guarded by mutex_
+  std::chrono::milliseconds resumeLimit_{2000};           // RAILNET_FAILOVER_RESUME_MS
+  bool returning_ = false;               // guarded by mutex_: a failback probe waits for sends in flight
+  Route dataRoute_{};                    // guarded by mutex_: the path the data streams use ({0, 0}: the original)
+  Route targetRoute_{};                  // guarded by mutex_: the path the streams being made go over
+  std::vector<Route> streamRoutes_;      // guarded by mutex_: per stream, the path it was made over
+  std::vector<uint32_t> streamMadeFor_;  // guarded by mutex_: per stream, nicFailures_[0] when it was last made
+  static constexpr std::chrono::milliseconds kLongestProbeWait{30000};
 
   // ---- pieces (GPU memory at either end); caller holds mutex_ ----
   struct Piece {
@@ -174,10 +226,12 @@ class TcpSendComm final : public SendComm, private StreamOwner, private progress
   };
   std::vector<NicProbe> probes_;
   uint64_t probeCap_ = 0;  // RAILNET_FAILOVER_PROBES
+  std::chrono::milliseconds keepAliveInterval_{500};  // a quarter of RAILNET_FAILOVER_SILENCE_MS
   std::vector<protocol::DoneFrame> done_;  // guarded by mutex_: parse's scratch
   protocol::ControlEvents events_;         // guarded by mutex_: parse's scratch
   std::atomic<std::chrono::steady_clock::time_point> lastDonePoll_{};  // test()'s last look for done frames
   shaping::EgressShaping controlShaping_;  // NIC 0's: inline messages wait for it (fabric emulation)
+  shaping::EgressShaping ownShaping_;      // NIC 0's, kept while a single-NIC connection is moved
   uint64_t minChunkBytes_;
 
   std::mutex mutex_;
@@ -218,6 +272,7 @@ class TcpSendComm final : public SendComm, private StreamOwner, private progress
   std::atomic<bool> stagingWork_{false};            // pieces_ or copying_ hold something
   staging::StagingTelemetry telemetry_;             // guarded
   uint64_t sends_ = 0;                              // guarded: sends so far (SendRequest::serial_)
+  progress::LinkSubscription links_;       // reset first in the destructor
   progress::WatchRegistration watchdog_;  // last: reset first in the destructor
 };
 

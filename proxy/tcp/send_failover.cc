@@ -8,6 +8,7 @@
 #include "proxy/protocol/host_silence.h"
 #include "proxy/tcp/send_comm.h"
 #include "railnet/log.h"
+#include "railnet/text.h"
 
 namespace railnet::tcp {
 
@@ -31,9 +32,10 @@ void TcpSendComm::takeNicOut(int nic) {
   failedNics_.fetch_or(uint64_t{1} << nic, std::memory_order_acq_rel);
   failoverDue_.store(true, std::memory_order_release);
   if (nic == 0) {
-    // NIC 0 carries the control connection too: it goes with the NIC, and is re-made through another one.
+    // NIC 0 carries the control connection too: it goes with the NIC, and is re-made through another one (unless
+    // it already leaves from another: it stood in there at connect).
     control_.avoidNic(0);
-    control_.cut();
+    if (control_.leavesFrom(0)) control_.cut();
   }
   for (int s = nic; s < streams_.count(); s += nics_) streams_[s].cut();
 }
@@ -44,39 +46,31 @@ void TcpSendComm::sendAgainFromFailedNics() {
   const uint64_t newly = failed & ~handledNics_;
   handledNics_ |= newly;
   const int alive = std::popcount(liveNics());
-  if (alive == 0) {
-    control_.recordFailure("the data streams of every NIC failed");
-    return;
+  const auto now = std::chrono::steady_clock::now();
+  const bool allJustFailed = alive == 0 && !movable_ && !allDown_.load(std::memory_order_acquire);
+  if (allJustFailed) {
+    // Perhaps one NIC's path failed while another's had not been probed back yet: probe them all now (below), and
+    // fail only when none answers in time. Chunks wait for them (kParked), new sends too.
+    allDown_.store(true, std::memory_order_release);
+    allDownSince_ = now;
+    RN_WARN("NET/railnet: send connection with %s: the data streams of every NIC failed; each is probed now, and "
+            "the connection fails if none answers within %lld ms", control_.peerName().c_str(),
+            static_cast<long long>(resumeLimit_.count()));
   }
   // Every chunk queued on a failed NIC goes again, whenever it was queued there (a stream of a NIC already handled
   // may die later, with chunks on it meanwhile; a chunk taken by a sibling stream of its NIC is recorded under the
-  // stream it was queued on, so the NIC, not the stream, decides). The copy's count goes up before it is queued, so
-  // its send cannot complete (and its buffer be reused) before the copy has left. Sends whose done frame came are
-  // complete at the receiver and keep their chunks as they are.
+  // stream it was queued on, so the NIC, not the stream, decides). A single-NIC connection's chunks go again once
+  // it has moved (moveFinished).
   uint64_t resent[kMaxStripeNics] = {};
-  uint64_t sends = 0;
+  const uint64_t sends = alive == 0 ? 0 : sendChunksAgain(failed, resent);
+  // GPU sends keep no chunk records: any in flight when a NIC fails may have lost bytes that are gone from the
+  // staging slots.
   bool unsendable = false;
-  requests_.forEachInFlight([&](SendRequest& request) {
-    if (!request.awaitingDone_.load(std::memory_order_acquire)) return;
-    bool touched = false;
-    for (SendRequest::QueuedChunk& queued : request.chunks_) {
-      if (nicAlive(nicOf(queued.stream))) continue;
-      touched = true;
-      const int nic = nicOf(queued.stream);
-      request.pendingChunks_.fetch_add(1, std::memory_order_acq_rel);
-      const int stream = placeChunk(queued.op, 0, 1);
-      if (stream < 0) {
-        request.pendingChunks_.fetch_sub(1, std::memory_order_acq_rel);
-        return;
-      }
-      queued.stream = stream;
-      resent[nic] += queued.op.header.length;
-    }
-    // GPU sends keep no chunk records: any in flight when a NIC fails may have lost bytes that are gone from the
-    // staging slots.
-    if (!request.resendable_ && newly != 0) unsendable = true;
-    sends += touched ? 1 : 0;
-  });
+  if (newly != 0) {
+    requests_.forEachInFlight([&](SendRequest& request) {
+      if (!request.resendable_ && request.awaitingDone_.load(std::memory_order_acquire)) unsendable = true;
+    });
+  }
   if (unsendable) {
     control_.recordFailure("a NIC's data streams failed while sends staged from GPU memory were in flight; their "
                            "bytes are no longer in the staging slots, so they cannot be sent again");
@@ -85,23 +79,92 @@ void TcpSendComm::sendAgainFromFailedNics() {
     NicCounters* counters = static_cast<size_t>(nic) < nicCounters_.size() ? nicCounters_[nic] : nullptr;
     if (counters != nullptr) counters->addResent(resent[nic]);
     if ((newly >> nic & 1) == 0) continue;
-    control_.avoidNic(nic);  // a re-made control connection tries this NIC last
+    // A re-made control connection tries this NIC last; a moved one, the path it was on as well.
+    control_.avoidNic(nic);
+    if (movable_ && dataRoute_.local > 0) control_.avoidNic(dataRoute_.local);
     // The receiver shuts the NIC's streams down on its side too: nothing still on its way there lands later.
     const FrameHeader nicFailed{static_cast<uint8_t>(FrameType::kNicFailed), static_cast<uint8_t>(nic), 0,
                                 ++nicFailures_[nic], 0};
     control_.send(&nicFailed, sizeof(nicFailed));
     NicProbe& probe = probes_[static_cast<size_t>(nic)];
+    const bool wasOut = movable_ && dataRoute_ != Route{};  // moved already: out since the first failure
+    const auto failedAt = probe.failedAt;
     probe = NicProbe{};
-    probe.failedAt = std::chrono::steady_clock::now();
+    probe.failedAt = wasOut ? failedAt : now;
     probe.nextProbe = probe.failedAt + probe.wait;
     // Every stream of the NIC goes, not only the one that failed: the NIC is out until a probe makes them all again.
     for (int s = nic; s < streams_.count(); s += nics_) streams_[s].cut();
-    if (counters != nullptr) counters->addFailure();
+    if (counters != nullptr && !wasOut) counters->addFailure();
     const std::string name = static_cast<size_t>(nic) < nicNames_.size() ? nicNames_[nic] : "NIC " + std::to_string(nic);
+    if (movable_) {
+      // Its only NIC: new sends wait until the streams are made again over another path (advanceMove).
+      returning_ = false;
+      moving_.store(true, std::memory_order_release);
+      const std::string path = dataRoute_ == Route{} ? name : "the path it had moved to (" + localNicName(dataRoute_) + ")";
+      RN_WARN("NET/railnet: send connection with %s: the data streams of %s failed; the connection moves to another "
+              "NIC, and its sends in flight go again from there", control_.peerName().c_str(), path.c_str());
+      continue;
+    }
     RN_WARN("NET/railnet: send connection with %s: the data streams of %s failed; %llu B of %llu send(s) in flight "
             "sent again over the other %d NIC(s), and new messages stripe over those", control_.peerName().c_str(),
             name.c_str(), static_cast<unsigned long long>(resent[nic]), static_cast<unsigned long long>(sends), alive);
   }
+  if (allJustFailed) {
+    // Every NIC is probed at once, then every 250 ms doubling, rather than at each one's own backoff.
+    for (NicProbe& probe : probes_) {
+      if (probe.probing) continue;
+      probe.nextProbe = now;
+      probe.wait = std::chrono::milliseconds(250);
+    }
+  }
+}
+
+uint64_t TcpSendComm::sendChunksAgain(uint64_t nics, uint64_t resent[kMaxStripeNics]) {
+  // The copy's count goes up before it is queued, so its send cannot complete (and its buffer be reused) before the
+  // copy has left. Sends whose done frame came are complete at the receiver and keep their chunks as they are.
+  uint64_t sends = 0;
+  requests_.forEachInFlight([&](SendRequest& request) {
+    if (!request.awaitingDone_.load(std::memory_order_acquire)) return;
+    bool touched = false;
+    for (SendRequest::QueuedChunk& queued : request.chunks_) {
+      const int nic = nicOf(queued.stream);
+      if ((nics >> nic & 1) == 0) continue;
+      touched = true;
+      request.pendingChunks_.fetch_add(1, std::memory_order_acq_rel);
+      const int stream = placeChunk(queued.op, 0, 1);
+      if (stream == kParked) {  // the streams just made died too: it goes at the next move
+        request.pendingChunks_.fetch_sub(1, std::memory_order_acq_rel);
+        continue;
+      }
+      if (stream < 0) {
+        request.pendingChunks_.fetch_sub(1, std::memory_order_acq_rel);
+        return;
+      }
+      queued.stream = stream;
+      resent[nic] += queued.op.header.length;
+    }
+    sends += touched ? 1 : 0;
+  });
+  return sends;
+}
+
+void TcpSendComm::whileAllNicsDown(std::chrono::steady_clock::time_point now) {
+  if (control_.failed()) return;
+  if (now - allDownSince_ > resumeLimit_) {
+    std::string tried;
+    for (int nic = 0; nic < nics_; ++nic) tried += (nic == 0 ? "" : ", ") + nicName(nic);
+    control_.recordFailure(textf("the data streams of every NIC failed, and none answered a probe within %lld ms "
+                                 "(NICs: %s)", static_cast<long long>(resumeLimit_.count()), tried.c_str()));
+    return;
+  }
+  probeFailedNics(now);
+}
+
+void TcpSendComm::countDegraded(int nic, std::chrono::steady_clock::time_point now) {
+  NicCounters* counters = static_cast<size_t>(nic) < nicCounters_.size() ? nicCounters_[nic] : nullptr;
+  const auto failedAt = probes_[static_cast<size_t>(nic)].failedAt;
+  if (counters == nullptr || failedAt == std::chrono::steady_clock::time_point{}) return;
+  counters->addDegraded(static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::milliseconds>(now - failedAt).count()));
 }
 
 void TcpSendComm::watchPaths(progress::WatchClock::time_point now, std::chrono::milliseconds silenceLimit) noexcept {
@@ -129,13 +192,18 @@ void TcpSendComm::watchPaths(progress::WatchClock::time_point now, std::chrono::
     const uint64_t live = liveNics();
     const uint64_t answering = live & ~silentNics;
     probeFailedNics(now);
-    if (answering == 0) return;  // every NIC silent: the host, not a path (the lost-host check's to judge)
+    // Every NIC silent: the host, not a path (the lost-host check's to judge). A single-NIC connection tries to move:
+    // when no other path reaches the peer either, re-making its control connection fails within
+    // RAILNET_FAILOVER_RESUME_MS, which fails the connection naming the peer.
+    if (answering == 0 && !movable_) return;
     for (int nic = 0; nic < nics_; ++nic) {
       if ((live & silentNics) >> nic & 1) {
-        RN_WARN("NET/railnet: send connection with %s: %s acknowledged nothing for %.1f s while other NICs answer: "
-                "taken out of the connection", control_.peerName().c_str(),
-                static_cast<size_t>(nic) < nicNames_.size() ? nicNames_[nic].c_str() : "a NIC",
-                std::chrono::duration<double>(longest[nic]).count());
+        RN_WARN("NET/railnet: send connection with %s: %s acknowledged nothing for %.1f s%s",
+                control_.peerName().c_str(),
+                movable_ ? localNicName(dataRoute_).c_str()
+                         : static_cast<size_t>(nic) < nicNames_.size() ? nicNames_[nic].c_str() : "a NIC",
+                std::chrono::duration<double>(longest[nic]).count(),
+                movable_ ? ": the connection moves to another NIC" : " while other NICs answer: taken out of the connection");
         takeNicOut(nic);
       }
     }
@@ -144,13 +212,49 @@ void TcpSendComm::watchPaths(progress::WatchClock::time_point now, std::chrono::
   }
 }
 
+void TcpSendComm::linkChanged(const std::string& interface, bool up) noexcept {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (control_.failed()) return;
+  try {
+    const auto now = std::chrono::steady_clock::now();
+    bool probeNow = false;
+    for (int nic = 0; nic < nics_; ++nic) {
+      // A moved single-NIC connection runs over the NIC it moved to: that link is the one that matters now.
+      const bool moved = movable_ && dataRoute_ != Route{};
+      const std::string carrying = progress::interfaceOfNic(moved ? localNicName(dataRoute_) : nicName(nic));
+      if (!up && carrying == interface && nicAlive(nic) && !moving_.load(std::memory_order_acquire)) {
+        RN_WARN("NET/railnet: send connection with %s: the link of %s (%s) went down: %s", control_.peerName().c_str(),
+                moved ? localNicName(dataRoute_).c_str() : nicName(nic).c_str(), interface.c_str(),
+                movable_ ? "the connection moves to another NIC" : "taken out of the connection");
+        takeNicOut(nic);
+      }
+      if (up && progress::interfaceOfNic(nicName(nic)) == interface && !probes_[static_cast<size_t>(nic)].probing) {
+        probes_[static_cast<size_t>(nic)].nextProbe = now;  // its own link is back: probe it now, not at the backoff's
+        probeNow = true;
+      }
+    }
+    if (probeNow) probeFailedNics(now);
+  } catch (const std::exception& error) {
+    RN_WARN("NET/railnet: send connection with %s: acting on link %s going %s failed: %s", control_.peerName().c_str(),
+            interface.c_str(), up ? "up" : "down", error.what());
+  }
+}
+
 void TcpSendComm::probeFailedNics(std::chrono::steady_clock::time_point now) {
-  constexpr std::chrono::milliseconds kLongestWait{30000};
+  if (movable_) {
+    // An idle comm moves too (nothing else calls it), and a moved one probes its original path.
+    if (failoverDue_.load(std::memory_order_acquire)) sendAgainFromFailedNics();
+    advanceMove();
+    advanceReturn();
+    probeOriginalPath(now);
+    return;
+  }
   const uint64_t failed = failedNics_.load(std::memory_order_acquire) & handledNics_;
   for (int nic = 0; nic < nics_; ++nic) {
     NicProbe& probe = probes_[static_cast<size_t>(nic)];
     if ((failed >> nic & 1) == 0 || probe.probing || now < probe.nextProbe) continue;
     if (probeCap_ != 0 && probe.probes >= probeCap_) continue;
+    if (links_.down(progress::interfaceOfNic(nicName(nic)))) continue;  // probed when its link comes back
     // Streams still live were made by an earlier probe; the dead ones are made again now. One still dying (its
     // helper has not released what it held) waits for the next probe.
     int dead = 0;
@@ -163,7 +267,7 @@ void TcpSendComm::probeFailedNics(std::chrono::steady_clock::time_point now) {
       }
     }
     probe.nextProbe = now + probe.wait;
-    probe.wait = std::min(probe.wait * 2, kLongestWait);
+    probe.wait = std::min(probe.wait * 2, kLongestProbeWait);
     if (dying) continue;
     ++probe.probes;
     probe.probing = true;
@@ -196,8 +300,21 @@ void TcpSendComm::streamRejoined(int stream, Fd socket) noexcept {
     // again leave first, while the NIC still counts as failed.
     if (failoverDue_.load(std::memory_order_acquire)) sendAgainFromFailedNics();
     probe.probing = false;
+    countDegraded(nic, std::chrono::steady_clock::now());
     handledNics_ &= ~(uint64_t{1} << nic);
     failedNics_.fetch_and(~(uint64_t{1} << nic), std::memory_order_acq_rel);
+    if (allDown_.exchange(false, std::memory_order_acq_rel)) {
+      // Every NIC was out: chunks waited (kParked) under whichever NIC they were meant for. All of them go now, over
+      // the NIC that answered (the receiver counts each byte once).
+      uint64_t resent[kMaxStripeNics] = {};
+      const uint64_t sends = sendChunksAgain((uint64_t{1} << nics_) - 1, resent);
+      uint64_t bytes = 0;
+      for (int n = 0; n < nics_; ++n) bytes += resent[n];
+      RN_WARN("NET/railnet: send connection with %s: %s answered %.1f s after every NIC had failed; %llu B of %llu "
+              "send(s) in flight sent again over it", control_.peerName().c_str(), nicName(nic).c_str(),
+              std::chrono::duration<double>(std::chrono::steady_clock::now() - allDownSince_).count(),
+              static_cast<unsigned long long>(bytes), static_cast<unsigned long long>(sends));
+    }
     control_.stopAvoiding(nic);
     for (int s = nic; s < streams_.count(); s += nics_) {
       if (pathSilence_.size() > static_cast<size_t>(s) + 1) pathSilence_[static_cast<size_t>(s) + 1].reset();

@@ -98,6 +98,9 @@ class Stream final : public progress::EventSource {
   // Failback, while detached from the engine: the stream starts again on `fd` (a socket made through its NIC
   // again), with nothing queued and nothing half read or written; revive() once attached again.
   void restart(Fd fd);
+  // While detached: the NIC whose counters this stream adds to from now on (a connection moved to another NIC).
+  void setCounters(NicCounters* counters) { counters_ = counters; }
+  void setShaping(const shaping::EgressShaping& shaping) { shaping_ = shaping; }
   void revive() { dead_.store(false, std::memory_order_release); }
   // Receiver side, any thread: a chunk this stream was told to retry later may have a destination now.
   void resumeReceive() { wake(); }

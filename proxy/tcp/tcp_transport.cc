@@ -4,6 +4,7 @@
 #include <cstring>
 #include <deque>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -18,6 +19,7 @@
 #include "railnet/settings.h"
 #include "topo/route.h"
 #include "topo/netif.h"
+#include "topo/topology.h"
 
 namespace railnet::tcp {
 namespace {
@@ -34,26 +36,6 @@ using protocol::SocketAddress;
 // NCCL's own algorithm choice (docs/performance.md), so the default stays at 100 Gb/s.
 constexpr int kLoopbackSpeedMbps = 100000;
 constexpr int kUnknownSpeedMbps = 10000;  // what NCCL assumes for a speed it cannot read
-
-// The local address of each NIC a receiving connection's sockets arrived on, NIC 0 first: data stream s arrived on
-// NIC s % nics. The control socket's alone when there are no data streams or an address cannot be read.
-std::vector<SocketAddress> localAddressesPerNic(const Fd& control, const std::vector<Fd>& data, size_t nics) {
-  auto localOf = [](int fd, SocketAddress* out) {
-    out->length = sizeof(out->storage);
-    return getsockname(fd, reinterpret_cast<sockaddr*>(&out->storage), &out->length) == 0;
-  };
-  std::vector<SocketAddress> locals;
-  for (size_t i = 0; i < std::max<size_t>(nics, 1) && i < data.size(); ++i) {
-    SocketAddress local;
-    if (!localOf(data[i].get(), &local)) return {};
-    locals.push_back(local);
-  }
-  if (locals.empty()) {
-    SocketAddress local;
-    if (localOf(control.get(), &local)) locals.push_back(local);
-  }
-  return locals;
-}
 
 class TcpTransport final : public Transport {
  public:
@@ -97,6 +79,7 @@ class TcpTransport final : public Transport {
       memcpy(&nic.address.storage, &netif.address, netif.addressLength);
       nic.address.length = netif.addressLength;
       nic.bindLocal = byAddress;
+      nic.loopback = netif.loopback;
       nics_.push_back(nic);
     }
     // The settings table holds every range (include/railnet/settings.h); values arrive validated.
@@ -178,6 +161,7 @@ class TcpTransport final : public Transport {
   struct Nic {  // a physical device's address
     SocketAddress address;  // port 0
     bool bindLocal = false;  // RAILNET_TCP_ADDRESSES: connections leave from this address
+    bool loopback = false;
   };
 
   size_t checked(int dev) const {  // caller holds mutex_
@@ -213,12 +197,43 @@ class TcpTransport final : public Transport {
     return routed;
   }
 
+  // Rail failover for a single-NIC device (docs/failover.md "Single-NIC devices"): the host's other physical NICs
+  // of the same address family (and loopback-ness), nearest first by their PCI paths. Caller holds mutex_.
+  std::vector<int> sparesFor(int dev) const {
+    constexpr int kUnknownDistance = static_cast<int>(topo::PathType::SYS) + 1;
+    auto location = [&](int index) -> std::optional<topo::PciLocation> {
+      const std::string& path = devices_[static_cast<size_t>(index)].pciPath;
+      if (path.empty()) return std::nullopt;
+      try {
+        return topo::locationFromSysfsPath(path);
+      } catch (const std::exception&) {
+        return std::nullopt;
+      }
+    };
+    const std::optional<topo::PciLocation> from = location(dev);
+    const auto distance = [&](int, int to) {
+      const std::optional<topo::PciLocation> there = location(to);
+      return from && there ? static_cast<int>(topo::classify(*from, *there)) : kUnknownDistance;
+    };
+    const Nic& own = nics_[static_cast<size_t>(dev)];
+    std::vector<int> order = topo::spareOrder(static_cast<int>(nics_.size()), dev, distance, [&](int candidate) {
+      const Nic& nic = nics_[static_cast<size_t>(candidate)];
+      return nic.address.storage.ss_family == own.address.storage.ss_family && nic.loopback == own.loopback;
+    });
+    if (order.size() > protocol::kMaxSessionEntries - 1) order.resize(protocol::kMaxSessionEntries - 1);
+    return order;
+  }
+
   // The connection options of a device: its NICs with rails, and comm factories that count traffic per NIC.
   ConnectOptions optionsFor(int dev) const {
     std::lock_guard<std::mutex> lock(mutex_);
     ConnectOptions options = options_;
     const std::vector<int> children = childrenOf(dev);
     const bool fused = children.size() > 1 || !devices_[checked(dev)].children.empty();
+    const bool failover = settings().failover != 0;
+    // A single-NIC device moves to another NIC of its host when its own fails (when the host has another).
+    const std::vector<int> spares = failover && !fused ? sparesFor(children[0]) : std::vector<int>{};
+    const bool movable = !spares.empty();
     std::vector<std::pair<std::string, int16_t>> nics;
     for (int child : children) {
       const DeviceInfo& info = devices_[static_cast<size_t>(child)];
@@ -230,31 +245,57 @@ class TcpTransport final : public Transport {
     }
     options.railId = nics[0].second;
     // The sending side decides how its sends complete; the receiver learns it from the hello (wire.h).
-    // Delivered completion where the setting asks for it, or (auto) where failover needs it: a fused device's sends
-    // must outlive a NIC's failure, so they complete only once the receiver has their bytes (docs/failover.md).
+    // Delivered completion where the setting asks for it, or (auto) where failover needs it: a fused or movable
+    // device's sends must outlive a NIC's failure, so they complete only once the receiver has their bytes
+    // (docs/failover.md).
     const SendCompletion completion = settings().sendCompletion;
-    const bool failover = settings().failover != 0;
     const bool delivered = completion == SendCompletion::kDelivered ||
-                           (completion == SendCompletion::kAuto && failover && fused);
-    const bool dataFailover = failover && delivered && fused;
+                           (completion == SendCompletion::kAuto && failover && (fused || movable));
+    const bool dataFailover = failover && delivered && (fused || movable);
     options.features = delivered ? protocol::kFeatureDeliveredCompletion : 0;
     if (failover) options.features |= protocol::kFeatureResume;
     if (dataFailover) options.features |= protocol::kFeatureDataFailover;
+    if (dataFailover && movable) options.features |= protocol::kFeatureMove;
     // A resumable control channel's re-made socket leaves from NIC 0, as the first one did.
     protocol::ResumeOptions resume;
     for (const LocalNic& nic : options.nics) {
       if (nic.bind.length != 0) resume.locals.push_back(nic.bind);
     }
     if (resume.locals.size() != options.nics.size()) resume.locals.clear();  // all bound, or the kernel chooses
+    // A movable device: its own NIC's address, then the spares' (sender: where a moved socket leaves from;
+    // receiver: session listeners named after the connection's own, where a moved socket arrives).
+    std::vector<SocketAddress> spareAddresses;
+    std::vector<NicLayout::Spare> spareNics;
+    for (int spare : spares) {
+      spareAddresses.push_back(nics_[static_cast<size_t>(spare)].address);
+      const DeviceInfo& info = devices_[static_cast<size_t>(spare)];
+      spareNics.push_back(NicLayout::Spare{info.name, &nicCounters(info.name, info.railId), info.railId});
+    }
+    if (movable && dataFailover) {
+      resume.locals = {nics_[static_cast<size_t>(children[0])].address};
+      resume.locals.insert(resume.locals.end(), spareAddresses.begin(), spareAddresses.end());
+      resume.connectionNics = 1;
+    }
+    // A receiving connection's session listeners: one on each NIC of the device, NIC 0 first, where it listens (not
+    // where its sockets arrived: a fused connection made while a NIC was down has sockets standing in elsewhere).
+    std::vector<SocketAddress> listening;
+    for (int child : children) listening.push_back(nics_[static_cast<size_t>(child)].address);
     resume.stream = options.stream;
     resume.limit = std::chrono::milliseconds(settings().failoverResumeMs);
     resume.cutEvery = static_cast<uint32_t>(settings().faultControlCut);
     const bool sendResumable = settings().failover != 0;
     const uint64_t minStripe = minStripeBytes_;
     // One counted connection per NIC the comm uses; cross-rail when the rail at the other end differs.
-    auto layoutFor = [nics, minStripe](const PeerInfo& peer, size_t dataStreams) {
+    auto layoutFor = [nics, minStripe, spareNics](const PeerInfo& peer, size_t dataStreams) {
       NicLayout layout;
       layout.minStripeBytes = minStripe;
+      layout.spares = spareNics;
+      layout.peerRail = peer.controlRail;
+      layout.nicsDownAtConnect = peer.nicsDownAtConnect;
+      layout.whyDown = peer.whyDown;
+      for (NicLayout::Spare& spare : layout.spares) {
+        spare.shaping = shaping::FabricShaper::forStream(spare.railId, peer.controlRail);
+      }
       for (size_t nic = 0; nic < nics.size(); ++nic) {
         layout.names.push_back(nics[nic].first);
         NicCounters& counters = nicCounters(nics[nic].first, nics[nic].second);
@@ -275,15 +316,24 @@ class TcpTransport final : public Transport {
                                                        std::move(layout), sendResumable ? &session : nullptr,
                                                        delivered, dataFailover));
     };
-    options.makeRecvComm = [layoutFor, resume](Fd control, std::vector<Fd> data, const PeerInfo& peer) {
+    options.makeRecvComm = [layoutFor, resume, spareAddresses, listening](Fd control, std::vector<Fd> data,
+                                                                          const PeerInfo& peer) {
       NicLayout layout = layoutFor(peer, data.size());
       const bool sendDone = (peer.features & protocol::kFeatureDeliveredCompletion) != 0;
       protocol::ResumeOptions session = resume;
       session.acceptor = true;
       session.key = peer.session;
-      session.locals = localAddressesPerNic(control, data, layout.nics.size());
+      session.locals = listening;
       const bool resumable = (peer.features & protocol::kFeatureResume) != 0;
       const bool sendsAgain = (peer.features & protocol::kFeatureDataFailover) != 0;
+      const bool peerMoves = sendsAgain && (peer.features & protocol::kFeatureMove) != 0;
+      if (peerMoves && !session.locals.empty()) {
+        // The sender may move to this host's other NICs: listeners there too, named after the connection's own.
+        session.connectionNics = session.locals.size();
+        for (const SocketAddress& spare : spareAddresses) {
+          if (session.locals.size() < protocol::kMaxSessionEntries) session.locals.push_back(spare);
+        }
+      }
       return std::unique_ptr<RecvComm>(new TcpRecvComm(std::move(control), std::move(data), peer.peer, layout,
                                                        sendDone, resumable ? &session : nullptr, sendsAgain));
     };

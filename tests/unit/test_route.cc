@@ -7,6 +7,7 @@
 #include "topo/route.h"
 
 using railnet::topo::routeDevice;
+using railnet::topo::spareOrder;
 
 namespace {
 const auto any = [](int) { return true; };
@@ -48,4 +49,13 @@ TEST_CASE("verbs: how a port may route to a candidate on the peer's rail (the NV
   CHECK(routeWay(0, true, true, true) == RouteWay::kNone);
   CHECK(routeWay(1, true, true, false) == RouteWay::kNone);
   CHECK(routeWay(1, true, false, true) == RouteWay::kNone);
+}
+
+TEST_CASE("a single-NIC connection's spare NICs come nearest first, then by index, never itself", "[route]") {
+  // Distances from NIC 1: NIC 3 shares its switch (0), NIC 0 its host bridge (2), NICs 2 and 4 are across sockets (4).
+  const int distances[5] = {2, 0, 4, 0, 4};
+  const auto distance = [&](int, int to) { return distances[to]; };
+  CHECK(spareOrder(5, 1, distance, any) == std::vector<int>{3, 0, 2, 4});
+  CHECK(spareOrder(5, 1, distance, [](int dev) { return dev != 3; }) == std::vector<int>{0, 2, 4});
+  CHECK(spareOrder(1, 0, distance, any).empty());  // no other NIC: nowhere to move
 }
