@@ -2,9 +2,12 @@
 
 #include <fcntl.h>
 #include <poll.h>
+#include <sched.h>
 #include <signal.h>
 #include <spawn.h>
+#include <sys/mount.h>
 #include <sys/prctl.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -225,6 +228,42 @@ void runGinChild(const GinChildOptions& o) {
   }
 }
 
+// ---- where a child runs (--netns, --env: childPlacementArgs) ----------------------------------------------------
+
+// Enters the network namespace `ip netns add NAME` made. Before any thread starts: setns(CLONE_NEWNET) moves only the
+// calling thread, and threads inherit it from their creator.
+void enterNetns(const std::string& name) {
+  const std::string path = "/var/run/netns/" + name;
+  const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) throw TestFailure(strf("--netns: cannot open %s: %s", path.c_str(), std::strerror(errno)));
+  const int rc = setns(fd, CLONE_NEWNET);
+  const int err = errno;
+  close(fd);
+  if (rc != 0) throw TestFailure(strf("--netns: setns(%s) failed: %s", path.c_str(), std::strerror(err)));
+  // As `ip netns exec` does: a mount namespace of our own whose /sys shows this namespace's interfaces (the plugin
+  // reads NIC speeds and PCI paths there). Best effort: without it /sys shows the parent's, and the plugin falls back
+  // to default speeds.
+  if (unshare(CLONE_NEWNS) == 0 && mount(nullptr, "/", nullptr, MS_SLAVE | MS_REC, nullptr) == 0 &&
+      umount2("/sys", MNT_DETACH) == 0) {
+    (void)mount(name.c_str(), "/sys", "sysfs", 0, nullptr);
+  }
+}
+
+// --netns NAME and --env NAME=VALUE, wherever they stand among a role's arguments.
+void applyPlacement(int argc, char** argv) {
+  for (int i = 1; i + 1 < argc; ++i) {
+    const std::string arg = argv[i];
+    if (arg == "--netns") {
+      enterNetns(argv[++i]);
+    } else if (arg == "--env") {
+      const std::string setting = argv[++i];
+      const size_t eq = setting.find('=');
+      if (eq == std::string::npos || eq == 0) throw TestFailure("--env wants NAME=VALUE, got " + setting);
+      setenv(setting.substr(0, eq).c_str(), setting.substr(eq + 1).c_str(), 1);
+    }
+  }
+}
+
 std::string selfPath() {
   char path[4096];
   const ssize_t n = readlink("/proc/self/exe", path, sizeof(path) - 1);
@@ -242,7 +281,7 @@ bool isChildInvocation(int argc, char** argv) {
       return true;
     }
   }
-  return false;
+  return isCampaignReceiverInvocation(argc, argv);
 }
 
 int childMain(int argc, char** argv) {
@@ -251,8 +290,12 @@ int childMain(int argc, char** argv) {
   bool gin = false;
   for (int i = 1; i < argc; ++i) gin = gin || std::strcmp(argv[i], "--child-gin-rank") == 0;
   try {
+    // Before the plugin loads and before any thread starts.
+    applyPlacement(argc, argv);
     if (gin)
       runGinChild(parseGinChild(argc, argv));
+    else if (isCampaignReceiverInvocation(argc, argv))
+      runCampaignReceiver(argc, argv);
     else
       runChild(parseChild(argc, argv));
   } catch (const std::exception& e) {
@@ -271,9 +314,15 @@ int childMain(int argc, char** argv) {
   return 0;
 }
 
-ChildProcess::ChildProcess(const std::vector<std::string>& args) {
+ChildProcess::ChildProcess(const std::vector<std::string>& args, bool withInput) {
   int fds[2];
   if (pipe2(fds, O_CLOEXEC) != 0) throw TestFailure("pipe2 failed");
+  int input[2] = {-1, -1};
+  if (withInput && socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, input) != 0) {
+    close(fds[0]);
+    close(fds[1]);
+    throw TestFailure("socketpair failed");
+  }
   const std::string exe = selfPath();
   std::vector<std::string> all = {exe};
   all.insert(all.end(), args.begin(), args.end());
@@ -284,12 +333,17 @@ ChildProcess::ChildProcess(const std::vector<std::string>& args) {
   posix_spawn_file_actions_t actions;
   posix_spawn_file_actions_init(&actions);
   posix_spawn_file_actions_adddup2(&actions, fds[1], STDOUT_FILENO);
+  if (withInput) posix_spawn_file_actions_adddup2(&actions, input[1], STDIN_FILENO);
   // A separate process holds none of our sockets, as a real remote peer would not.
   posix_spawn_file_actions_addclosefrom_np(&actions, 3);
   const int rc = posix_spawn(&pid_, exe.c_str(), &actions, nullptr, argv.data(), environ);
   posix_spawn_file_actions_destroy(&actions);
   close(fds[1]);
   stdoutFd_ = fds[0];
+  if (withInput) {
+    close(input[1]);
+    stdinFd_ = input[0];
+  }
   if (rc != 0) {
     pid_ = -1;
     throw TestFailure(strf("posix_spawn(%s) failed: %s", exe.c_str(), std::strerror(rc)));
@@ -299,6 +353,18 @@ ChildProcess::ChildProcess(const std::vector<std::string>& args) {
 ChildProcess::~ChildProcess() {
   kill();
   if (stdoutFd_ >= 0) close(stdoutFd_);
+  if (stdinFd_ >= 0) close(stdinFd_);
+}
+
+void ChildProcess::writeLine(const std::string& line) {
+  if (stdinFd_ < 0) throw TestFailure("writeLine: the child was started without input");
+  const std::string text = line + "\n";
+  for (size_t done = 0; done < text.size();) {
+    const ssize_t n = send(stdinFd_, text.data() + done, text.size() - done, MSG_NOSIGNAL);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) throw TestFailure(strf("writing to the child process failed: %s", std::strerror(errno)));
+    done += static_cast<size_t>(n);
+  }
 }
 
 void ChildProcess::kill() {
@@ -342,6 +408,13 @@ std::vector<std::string> childReceiverArgs(int version, int dev, size_t size, bo
 }
 
 uint64_t childPatternSeed() { return kChildSeed; }
+
+std::vector<std::string> childPlacementArgs(const std::string& netns, const std::vector<std::string>& env) {
+  std::vector<std::string> args;
+  if (!netns.empty()) args.insert(args.end(), {"--netns", netns});
+  for (const std::string& setting : env) args.insert(args.end(), {"--env", setting});
+  return args;
+}
 
 std::vector<std::string> childGinRankArgs(const std::string& symbol, const std::string& rank0HandleHex, uint64_t commId,
                                           size_t windowBytes, size_t checkBytes) {

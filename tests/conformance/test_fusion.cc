@@ -11,7 +11,6 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
-#include <functional>
 #include <map>
 #include <random>
 #include <string>
@@ -20,6 +19,7 @@
 #include "comms.h"
 #include "harness.h"
 #include "log_capture.h"
+#include "silenced_address.h"
 #include "transfer.h"
 
 namespace conformance {
@@ -538,19 +538,8 @@ TEST_CASE("fusion", "silent_nic", Scope::PerVersionOwnLoad) {
     // NIC 1 goes silent once the connection is up: its data streams' chunks are never acknowledged. The sender must
     // see that within the limit and a look (about a second each), take the NIC out while the others answer, and
     // send its chunks again over them; every message must arrive.
-    const char* address = "127.0.2.1";
-    auto rules = [&](const char* action) {
-      bool ok = true;
-      for (const char* side : {"-s", "-d"}) {
-        ok = std::system(strf("iptables -w %s INPUT %s %s -j DROP", action, side, address).c_str()) == 0 && ok;
-      }
-      return ok;
-    };
-    REQUIRE(rules("-I"), "iptables could not drop NIC 1's address");
-    struct Restore {
-      std::function<void()> undo;
-      ~Restore() { undo(); }
-    } restore{[&] { rules("-D"); }};
+    SilencedAddress silenced("127.0.2.1");
+    REQUIRE(silenced.drop(), "iptables could not drop NIC 1's address");
     std::mt19937_64 rng(97);
     std::vector<size_t> sizes;
     for (int i = 0; i < 60; ++i) sizes.push_back(randomSize(rng, std::min(options().maxSize, 4 * MiB)));
