@@ -146,6 +146,7 @@ class TcpSendComm final : public SendComm, private StreamOwner, private progress
   void movedRejoinFailed(int stream, uint32_t failure, const std::string& why) noexcept;
   // Every stream of the move or return made: the connection carries traffic over `route`.
   void moveFinished(const Route& route);
+  const NicLayout::Spare* spareOf(const Route& route) const;  // the spare a path leaves from (null: its own NIC)
   NicCounters* countersOf(const Route& route) const;  // the local NIC's of a path
   shaping::EgressShaping shapingOf(const Route& route) const;  // fabric emulation: the local NIC's of a path
   std::string localNicName(const Route& route) const;

@@ -95,7 +95,7 @@ void TcpSendComm::sendAgainFromFailedNics() {
     // Every stream of the NIC goes, not only the one that failed: the NIC is out until a probe makes them all again.
     for (int s = nic; s < streams_.count(); s += nics_) streams_[s].cut();
     if (counters != nullptr && !wasOut) counters->addFailure();
-    const std::string name = static_cast<size_t>(nic) < nicNames_.size() ? nicNames_[nic] : "NIC " + std::to_string(nic);
+    const std::string name = nicName(nic);
     if (movable_) {
       // Its only NIC: new sends wait until the streams are made again over another path (advanceMove).
       returning_ = false;
@@ -201,7 +201,7 @@ void TcpSendComm::watchPaths(progress::WatchClock::time_point now, std::chrono::
         RN_WARN("NET/railnet: send connection with %s: %s acknowledged nothing for %.1f s%s",
                 control_.peerName().c_str(),
                 movable_ ? localNicName(dataRoute_).c_str()
-                         : static_cast<size_t>(nic) < nicNames_.size() ? nicNames_[nic].c_str() : "a NIC",
+                         : nicName(nic).c_str(),
                 std::chrono::duration<double>(longest[nic]).count(),
                 movable_ ? ": the connection moves to another NIC" : " while other NICs answer: taken out of the connection");
         takeNicOut(nic);
@@ -319,7 +319,7 @@ void TcpSendComm::streamRejoined(int stream, Fd socket) noexcept {
     for (int s = nic; s < streams_.count(); s += nics_) {
       if (pathSilence_.size() > static_cast<size_t>(s) + 1) pathSilence_[static_cast<size_t>(s) + 1].reset();
     }
-    const std::string name = static_cast<size_t>(nic) < nicNames_.size() ? nicNames_[nic] : "NIC " + std::to_string(nic);
+    const std::string name = nicName(nic);
     RN_WARN("NET/railnet: send connection with %s: %s answers again %.1f s after it failed (probe %llu): its %d data "
             "stream(s) are made again and it carries traffic again", control_.peerName().c_str(), name.c_str(),
             std::chrono::duration<double>(std::chrono::steady_clock::now() - probe.failedAt).count(),

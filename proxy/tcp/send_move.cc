@@ -13,25 +13,25 @@ namespace railnet::tcp {
 
 using protocol::kMaxStripeNics;
 
+const NicLayout::Spare* TcpSendComm::spareOf(const Route& route) const {
+  // Local index 0 is the device's own NIC; 1.. are the spares, nearest first (ResumeOptions::locals).
+  if (route.local < 1 || static_cast<size_t>(route.local) > spares_.size()) return nullptr;
+  return &spares_[static_cast<size_t>(route.local) - 1];
+}
+
 NicCounters* TcpSendComm::countersOf(const Route& route) const {
-  if (route.local >= 1 && static_cast<size_t>(route.local) <= spares_.size()) {
-    return spares_[static_cast<size_t>(route.local) - 1].counters;
-  }
+  if (const NicLayout::Spare* spare = spareOf(route)) return spare->counters;
   return nicCounters_.empty() ? nullptr : nicCounters_[0];
 }
 
 shaping::EgressShaping TcpSendComm::shapingOf(const Route& route) const {
-  if (route.local >= 1 && static_cast<size_t>(route.local) <= spares_.size()) {
-    return spares_[static_cast<size_t>(route.local) - 1].shaping;
-  }
+  if (const NicLayout::Spare* spare = spareOf(route)) return spare->shaping;
   return ownShaping_;
 }
 
 std::string TcpSendComm::localNicName(const Route& route) const {
-  if (route.local >= 1 && static_cast<size_t>(route.local) <= spares_.size()) {
-    return spares_[static_cast<size_t>(route.local) - 1].name;
-  }
-  return nicNames_.empty() ? std::string("its NIC") : nicNames_[0];
+  if (const NicLayout::Spare* spare = spareOf(route)) return spare->name;
+  return nicName(0);
 }
 
 bool TcpSendComm::sendsDelivered() {
@@ -139,7 +139,7 @@ void TcpSendComm::movedRejoinFailed(int stream, uint32_t failure, const std::str
     moving_.store(false, std::memory_order_release);
     RN_INFO(NCCL_NET, "NET/railnet: send connection with %s: probe %llu of %s failed (stream %d: %s); next in %lld ms",
             control_.peerName().c_str(), static_cast<unsigned long long>(probe.probes),
-            nicNames_.empty() ? "its NIC" : nicNames_[0].c_str(), stream, why.c_str(),
+            nicName(0).c_str(), stream, why.c_str(),
             static_cast<long long>(std::chrono::duration_cast<std::chrono::milliseconds>(
                                        probe.nextProbe - std::chrono::steady_clock::now()).count()));
     return;
@@ -168,7 +168,7 @@ void TcpSendComm::moveFinished(const Route& route) {
   const uint64_t sends = afterFailure ? sendChunksAgain(1, resent) : 0;
   if (NicCounters* original = nicCounters_.empty() ? nullptr : nicCounters_[0]) original->addResent(resent[0]);
   const double outFor = std::chrono::duration<double>(now - probe.failedAt).count();
-  const std::string own = nicNames_.empty() ? std::string("its NIC") : nicNames_[0];
+  const std::string own = nicName(0);
   if (route == Route{}) {
     // On the original path again: the control connection follows (re-made with NIC 0 first again).
     countDegraded(0, now);
@@ -182,12 +182,9 @@ void TcpSendComm::moveFinished(const Route& route) {
             static_cast<unsigned long long>(resent[0]), static_cast<unsigned long long>(sends));
     return;
   }
-  const size_t spare = static_cast<size_t>(route.local) - 1;
-  const bool crossRail = spare < spares_.size() && spares_[spare].railId >= 0 && peerRail_ >= 0 &&
-                         spares_[spare].railId != peerRail_;
-  if (spare < spares_.size() && spares_[spare].counters != nullptr && from != route) {
-    spares_[spare].counters->addMoved(spares_[spare].railId, peerRail_);
-  }
+  const NicLayout::Spare* spare = spareOf(route);  // null: its own NIC to another of the peer's
+  const bool crossRail = spare != nullptr && spare->railId >= 0 && peerRail_ >= 0 && spare->railId != peerRail_;
+  if (spare != nullptr && spare->counters != nullptr && from != route) spare->counters->addMoved(spare->railId, peerRail_);
   probe.wait = std::chrono::milliseconds(1000);
   probe.nextProbe = now + probe.wait;
   probe.probes = 0;

@@ -182,32 +182,22 @@ struct Failure {
 
 // The commands that put a failure in effect and take it away (this process runs in namespace A: iptables and ss act
 // on A; ip names it).
-std::vector<std::string> injectCommands(const Failure& f, const std::string& nsA) {
+// inject: the failure goes in; else it comes out (a kill has nothing to undo).
+std::vector<std::string> failureCommands(const Failure& f, const std::string& nsA, bool inject) {
   const std::string dev = "rnA" + std::to_string(f.rail);
   const std::string subnet = strf("10.77.%d.0/24", f.rail);
+  const std::string rule = inject ? "-I" : "-D";
+  auto bothWays = [&](const std::string& match) {
+    return std::vector<std::string>{"iptables -w " + rule + " INPUT -i " + dev + match,
+                                    "iptables -w " + rule + " OUTPUT -o " + dev + match};
+  };
   switch (f.kind) {
-    case Kind::LinkDown: return {"ip -n " + nsA + " link set " + dev + " down"};
-    case Kind::Drop:
-      return {"iptables -w -I INPUT -i " + dev + " -j DROP", "iptables -w -I OUTPUT -o " + dev + " -j DROP"};
-    case Kind::Reset:
-      return {"iptables -w -I INPUT -i " + dev + " -p tcp -j REJECT --reject-with tcp-reset",
-              "iptables -w -I OUTPUT -o " + dev + " -p tcp -j REJECT --reject-with tcp-reset"};
+    case Kind::LinkDown: return {"ip -n " + nsA + " link set " + dev + (inject ? " down" : " up")};
+    case Kind::Drop: return bothWays(" -j DROP");
+    case Kind::Reset: return bothWays(" -p tcp -j REJECT --reject-with tcp-reset");
     case Kind::Kill:
+      if (!inject) return {};
       return {"ss -K -t src " + subnet + " >/dev/null", "ss -K -t dst " + subnet + " >/dev/null"};
-  }
-  return {};
-}
-
-std::vector<std::string> undoCommands(const Failure& f, const std::string& nsA) {
-  const std::string dev = "rnA" + std::to_string(f.rail);
-  switch (f.kind) {
-    case Kind::LinkDown: return {"ip -n " + nsA + " link set " + dev + " up"};
-    case Kind::Drop:
-      return {"iptables -w -D INPUT -i " + dev + " -j DROP", "iptables -w -D OUTPUT -o " + dev + " -j DROP"};
-    case Kind::Reset:
-      return {"iptables -w -D INPUT -i " + dev + " -p tcp -j REJECT --reject-with tcp-reset",
-              "iptables -w -D OUTPUT -o " + dev + " -p tcp -j REJECT --reject-with tcp-reset"};
-    case Kind::Kill: return {};
   }
   return {};
 }
@@ -250,7 +240,7 @@ class Injector {
       pendingAt_ = Clock::now() + delay;
     } else {
       lock.unlock();
-      const std::string errors = runCommands(injectCommands(f, nsA_));
+      const std::string errors = runCommands(failureCommands(f, nsA_, true));
       REQUIRE(errors.empty(), "could not inject failure " + f.describe() + ": " + errors);
       lock.lock();
       current_ = f;
@@ -286,7 +276,7 @@ class Injector {
         if (stop_) return;
         const Failure f = *pending_;
         lock.unlock();
-        const std::string errors = runCommands(injectCommands(f, nsA_));
+        const std::string errors = runCommands(failureCommands(f, nsA_, true));
         lock.lock();
         pending_.reset();  // only now: active() holds from the schedule until the undo
         if (!errors.empty()) {
@@ -300,7 +290,7 @@ class Injector {
         cv_.wait_until(lock, injectedAt_ + current_->dwell, [&] { return stop_; });
         const Failure f = *current_;
         lock.unlock();
-        const std::string errors = runCommands(undoCommands(f, nsA_));
+        const std::string errors = runCommands(failureCommands(f, nsA_, false));
         lock.lock();
         if (!errors.empty()) errors_ += "could not undo failure " + f.describe() + ": " + errors;
         current_.reset();
