@@ -33,6 +33,8 @@ case "${1:-}" in
       # Only the unit tests that use an RDMA device: the rest ran natively three times already (TCG is slow).
       build/tests/unit/railnet-unit-tests "[verbs]" || status=1
       export RAILNET_RAILS=rxe0:0,rxe1:1
+      # fusion.verbs_path_failover takes these links down and up (tests/rxe/guest-runner.sh: veth<k> under rxe<k>).
+      export RAILNET_TEST_RXE_NETDEVS=veth0,veth1
       # One random kill under TCG (a kill costs seconds there); the native stages run three.
       export RAILNET_TEST_KILL_TRIALS=1
       # The per-test alarm catches hangs; 120 s is a native budget. Under TCG and a parallel build, 64 verbs

@@ -105,8 +105,9 @@ inline constexpr int64_t kSizeMax = INT64_MAX;
     "acknowledged, the sending side re-makes the socket and each side sends again what the other lacks), a "     \
     "fused device survives a NIC whose data streams fail (their chunks of sends not yet delivered go again over " \
     "the other NICs), and a single-NIC device moves to another NIC of its host when its own fails, and back "    \
-    "when it answers (docs/failover.md); 0: any of these failures fails the connection with ncclRemoteError. "   \
-    "The sending side decides.")                                                                                 \
+    "when it answers; a fused verbs device survives a path whose QPs fail (the receiver says which chunks in "   \
+    "flight landed, the rest go again over the other paths; new QPs when its port is back) (docs/failover.md); " \
+    "0: any of these failures fails the connection with ncclRemoteError. The sending side decides.")            \
   X(Int, failoverSilenceMs, "RAILNET_FAILOVER_SILENCE_MS", 2000, (100, kIntMax),                                 \
     "A TCP NIC whose sockets wait this long for an acknowledgement is taken out of the connection: a fused "    \
     "device's (while another NIC answers) sends its chunks again over the others, a single-NIC device moves to " \
@@ -115,12 +116,14 @@ inline constexpr int64_t kSizeMax = INT64_MAX;
     "of it, so a path silent one way is seen too.")                                                              \
   X(Int, failoverProbes, "RAILNET_FAILOVER_PROBES", 0, (0, kIntMax),                                             \
     "Failback: a failed TCP NIC is probed (a fused device's: its data streams made again through it; a moved "   \
-    "single-NIC connection's: its streams made again over its own NIC once its sends in flight are delivered), " \
-    "1 s after the failure, then with the wait doubling up to 30 s, and at once when the OS says its link is "   \
-    "up again, at most this many times per connection; 0: for as long as the connection lives.")                \
+    "single-NIC connection's: its streams made again over its own NIC once its sends in flight are delivered; "  \
+    "a verbs path: new QPs offered to the receiver), 1 s after the failure, then with the wait doubling up to "  \
+    "30 s, and at once when the OS (verbs: the port's event) says its link is up again, at most this many "     \
+    "times per connection; 0: for as long as the connection lives.")                                             \
   X(Int, failoverResumeMs, "RAILNET_FAILOVER_RESUME_MS", 2000, (10, kIntMax),                                    \
     "A broken control socket that is not re-made within this many ms fails its connection (ncclRemoteError, "   \
-    "naming the peer).")                                                                                          \
+    "naming the peer); so does a verbs receiver that does not answer within it which chunks of a failed path "  \
+    "landed.")                                                                                                    \
   X(Int, faultNicCut, "RAILNET_FAULT_NIC_CUT", -1, (-1, 63),                                                    \
     "Test feature: TCP send comms that fail over (fused devices, single-NIC devices that can move) cut the "     \
     "data streams of their local NIC N (shutdown, both ways; NIC 0's control socket too) once "                  \

@@ -49,6 +49,12 @@ class ChunkLedger {
   // kConflict was.
   Verdict add(uint64_t offset, uint64_t length, uint64_t messageSize, std::string* why);
 
+  // Any thread: every byte of [offset, offset + length) is placed (an empty chunk: the empty message is complete).
+  bool holds(uint64_t offset, uint64_t length) const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return length == 0 ? complete_ : coveredLocked(offset, offset + length);
+  }
+
   // Bytes placed so far (any thread; the watchdog's measure of progress).
   uint64_t placed() const { return placed_.load(std::memory_order_relaxed); }
   // Separate placed ranges: 1 once the message is in, whatever order its chunks came in.

@@ -57,6 +57,11 @@ long ClearToSendQueue::parse(const char* data, size_t size, std::string* why, Co
     const size_t keyBytes = size_t{frame.slot} * frame.extraKeys * sizeof(uint32_t);
     size_t total = sizeof(FrameHeader) + entryBytes + keyBytes;
     if (size - used < total) break;
+    if (dropRepeats_ && static_cast<int32_t>(frame.recvId - nextRecvId_) < 0) {
+      used += total;
+      continue;
+    }
+    nextRecvId_ = frame.recvId + 1;
     // A receiver has at most its ring's receives posted (protocol/receive_ring.h: 64): more is a broken or hostile
     // peer, and would grow this queue without bound.
     if (posted_.size() >= kMaxPostedReceives) {

@@ -53,6 +53,9 @@ class ClearToSendQueue {
   // The buffer the next send with `tag` goes to, now claimed; nothing when no posted receive has one.
   std::optional<Destination> claim(int tag);
   bool empty() const { return posted_.empty(); }
+  // Verbs path failover: a receiver sends again, in order, the clear-to-sends whose SEND failed with a path, some of
+  // which may have arrived; one naming a receive already announced is then dropped.
+  void dropRepeatedReceives() { dropRepeats_ = true; }
   // The tags of buffers still open, for a stalled sender's warning.
   std::string openTags() const;
 
@@ -67,6 +70,8 @@ class ClearToSendQueue {
     uint8_t usedMask;
   };
   std::deque<PostedReceive> posted_;
+  bool dropRepeats_ = false;
+  uint32_t nextRecvId_ = 0;  // with dropRepeats_: the receive the next new clear-to-send names
 };
 
 }  // namespace railnet::protocol

@@ -159,6 +159,12 @@ class ReceiveRing {
     if (entry == nullptr) return ChunkLedger::Claim::kPlaced;
     return entry->buffers_[header.slot].ledger.claim(header.offset, header.length);
   }
+  // Verbs path failover (kPathAnswer): the chunk's bytes are placed, or its receive is no longer posted (finished:
+  // every byte arrived), so sending it again could only land in a buffer NCCL may have reused.
+  bool placed(const ChunkHeader& header) {
+    Entry* entry = find(header.recvId, header.slot);
+    return entry == nullptr || entry->buffers_[header.slot].ledger.holds(header.offset, header.length);
+  }
   // Any thread: a claimed chunk that will not be whole (its stream failed mid-payload).
   void release(const ChunkHeader& header) {
     if (Entry* entry = find(header.recvId, header.slot)) entry->buffers_[header.slot].ledger.release(header.offset, header.length);

@@ -32,6 +32,10 @@ uint64_t frameLength(const FrameHeader& header) {
              uint64_t{header.slot} * header.extraKeys * sizeof(uint32_t);
     case FrameType::kInline:
     case FrameType::kSession:
+    case FrameType::kPathDown:
+    case FrameType::kPathQuery:
+    case FrameType::kPathAnswer:
+    case FrameType::kPathRenew:
       return sizeof(FrameHeader) + header.size;
     case FrameType::kOversize:
     case FrameType::kDone:

@@ -112,8 +112,12 @@ inline constexpr uint32_t kFeatureMove = 8;
 // whose pair of NICs could not connect (a fused connection made while one of its NICs was down), so it arrives on
 // another listener of the fused device than its index names; the sender takes that NIC out at once and probes it.
 inline constexpr uint32_t kFeatureStandIn = 16;
-inline constexpr uint32_t kKnownFeatures =
-    kFeatureDeliveredCompletion | kFeatureResume | kFeatureDataFailover | kFeatureMove | kFeatureStandIn;
+// kFeaturePathFailover (verbs, RAILNET_FAILOVER): when a path's QPs fail, the sender asks the receiver which of the
+// chunks on them landed and sends the rest over the other paths; a failed path is made again with new QPs when its
+// NIC answers (kPathDown, kPathQuery, kPathAnswer, kPathRenew frames; clear-to-sends move off a failed path).
+inline constexpr uint32_t kFeaturePathFailover = 32;
+inline constexpr uint32_t kKnownFeatures = kFeatureDeliveredCompletion | kFeatureResume | kFeatureDataFailover |
+                                           kFeatureMove | kFeatureStandIn | kFeaturePathFailover;
 
 // Checks a hello against the listener's secret; returns nullptr when valid, else why not.
 const char* validateHello(const Hello& hello, const uint64_t secret[2]);
@@ -126,8 +130,19 @@ const char* validateHello(const Hello& hello, const uint64_t secret[2]);
 // connection's NICs, the rest being its host's other NICs a single-NIC connection may move to; 0: all). kAck and kResume are not numbered;
 // every other frame is, in sending order from 0.
 enum class FrameType : uint8_t {
-  kClearToSend = 1, kInline = 2, kOversize = 3, kDone = 4, kAck = 5, kResume = 6, kSession = 7, kNicFailed = 8
+  kClearToSend = 1, kInline = 2, kOversize = 3, kDone = 4, kAck = 5, kResume = 6, kSession = 7, kNicFailed = 8,
+  kPathDown = 9, kPathQuery = 10, kPathAnswer = 11, kPathRenew = 12
 };
+// Verbs path failover (kFeaturePathFailover; docs/failover.md "Verbs"), on the verbs control socket. In each, slot is
+// the path and recvId its generation (how many times it was made again), so a frame about an earlier incarnation of
+// a path never touches a later one; size counts the payload that follows:
+// - kPathDown (either way, no payload): this end took the path out (its QPs are in the error state).
+// - kPathQuery (sender -> receiver): size/32 chunk headers (ChunkHeader) whose work requests on the path failed;
+//   the receiver answers once every notice that arrived on the path is counted.
+// - kPathAnswer (receiver -> sender): one byte per queried header, 1 when its bytes are placed (or its receive
+//   finished), 0 when missing; only missing chunks are sent again, so a copy never lands in a finished buffer.
+// - kPathRenew: sender -> receiver, the path's new QP record (QpInfo); the answer carries the receiver's record,
+//   or no payload when it cannot take the path back yet (its NIC is down, or the path still drains).
 // kNicFailed (sender -> receiver, kFeatureDataFailover): the sender took its NIC `slot` out, for the recvId-th time
 // (its failures are counted per NIC); the receiver shuts that NIC's streams down, so a chunk still arriving on them
 // cannot land after its copy did. A data stream made again after that failure carries the same count in its

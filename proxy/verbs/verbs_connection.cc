@@ -9,13 +9,17 @@ namespace railnet::verbs {
 
 VerbsConnection::VerbsConnection(std::vector<std::shared_ptr<VerbsDevice>> nics, int peerNics, protocol::Fd control,
                      const protocol::SocketAddress& peer, const char* direction, const QpOptions& options)
-    : nics_(std::move(nics)), control_(std::move(control), peer, direction) {
+    : nics_(std::move(nics)), control_(std::move(control), peer, direction), options_(options) {
   if (nics_.empty() || nics_.size() > kMaxNics) {
     fail(ncclInternalError, "NET/railnet: a verbs connection over %zu NICs", nics_.size());
   }
   if (peerNics < 1 || peerNics > kMaxNics) {
     fail(ncclSystemError, "NET/railnet: %s announces a device of %d NICs; railnet fuses 1 to %d",
          control_.peerName().c_str(), peerNics, kMaxNics);
+  }
+  for (const std::shared_ptr<VerbsDevice>& nic : nics_) {
+    seenPortDowns_.push_back(nic->portDowns());
+    seenPortUps_.push_back(nic->portUps());
   }
   const int pathCount = std::max(static_cast<int>(nics_.size()), peerNics);
   paths_.resize(static_cast<size_t>(pathCount));
@@ -98,6 +102,9 @@ std::unique_ptr<LinkRegion> VerbsConnection::registerDmabuf(void* data, size_t s
 }
 
 void VerbsConnection::onQpAsyncError(const std::string& what) noexcept {
+  // With failover the QP's work requests complete in error (flushed), which takes its path out; the device's
+  // thread has logged the event.
+  if (failover()) return;
   try {
     control_.recordFailure(what);
   } catch (...) {  // bad_alloc copying the text: the WARN the device logged still names it

@@ -7,6 +7,8 @@
 // peer's NIC p % R, so every NIC at both ends carries traffic (docs/fusion.md, "The fused verbs connection").
 #pragma once
 
+#include <atomic>
+#include <chrono>
 #include <memory>
 #include <string>
 #include <vector>
@@ -19,6 +21,9 @@ namespace railnet::verbs {
 
 constexpr int kMaxNics = 8;  // NCCL fuses at most 8 devices (ABI v12)
 constexpr int kMaxPaths = kMaxNics;
+// A path frame's payload (wire.h kPathQuery: a chunk header per failed work request of a path, at most its QPs' send
+// queues, group notices counting their members): larger is a broken peer.
+constexpr uint64_t kMaxPathFramePayload = uint64_t{1} << 20;
 
 // A buffer registered with every local NIC of a link (one memory region per protection domain): what the
 // comms' regMr returns. A physical device's has one NIC.
@@ -33,12 +38,24 @@ class LinkRegion final : public MemoryRegion {
   std::vector<std::unique_ptr<MemoryRegion>> perNic_;  // VerbsRegion each, [i] on the connection's NIC i
 };
 
+// Verbs path failover (docs/failover.md "Verbs"): where a path stands. Changed under the comm's lock only.
+enum class PathState : uint8_t {
+  kLive,      // carries traffic
+  kDraining,  // taken out: its QPs are in the error state; its work requests are completing (flushed)
+  kQuerying,  // sender: asked the receiver which chunks of its failed work requests landed (kPathQuery)
+  kDown,      // drained (and, on the sender, answered); probed until its NIC is back, then made again
+  kRenewing,  // sender: new QPs offered (kPathRenew), waiting for the receiver's record
+};
+
 class VerbsConnection final : public QpEventSink, public MemoryRegistrar {
  public:
   // nics: the local device's NICs (1 for a physical device); peerNics: the peer's count from the handshake
   // (PeerInfo::nicCount). Creates the paths' QPs (INIT) and sends one QP record per path. Throws railnet::Error.
   VerbsConnection(std::vector<std::shared_ptr<VerbsDevice>> nics, int peerNics, protocol::Fd control,
             const protocol::SocketAddress& peer, const char* direction, const QpOptions& options);
+  ~VerbsConnection() override;  // counts the time paths still out were degraded
+  VerbsConnection(const VerbsConnection&) = delete;
+  VerbsConnection& operator=(const VerbsConnection&) = delete;
 
   // Advances the QP handshake; true once every path's QPs are at RTS. Caller holds the comm's lock. A failure
   // is recorded on control() and reported by the caller.
@@ -71,9 +88,11 @@ class VerbsConnection final : public QpEventSink, public MemoryRegistrar {
   // Names a failed work completion for the failure record: QP, NIC, opcode, status, vendor error.
   std::string describe(int path, const ibv_wc& completion) const;
 
-  // Takes every finished work request off a path's CQ: failures are recorded, successes go to onSuccess.
-  template <class OnSuccess>
-  void drainCompletions(int path, OnSuccess&& onSuccess) {
+  // Takes every finished work request off a path's CQ: successes go to onSuccess, failures to onFailed (whose
+  // opcode field is undefined: tell them by wr_id) after the connection took them in: without failover a failure
+  // is recorded and fails the connection; with it, the path is taken out (failPath) unless it already is.
+  template <class OnSuccess, class OnFailed>
+  void drainCompletions(int path, OnSuccess&& onSuccess, OnFailed&& onFailed) {
     ibv_wc completions[32];
     for (;;) {
       int count = ibv_poll_cq(qps(path).cq(), 32, completions);
@@ -85,22 +104,87 @@ class VerbsConnection final : public QpEventSink, public MemoryRegistrar {
         if (completions[i].status == IBV_WC_SUCCESS) {
           onSuccess(completions[i]);
         } else {
-          control_.recordFailure(describe(path, completions[i]));
+          failedCompletion(path, completions[i]);
+          onFailed(completions[i]);
         }
       }
       if (count < 32) return;
     }
   }
 
+  // ---- path failover (path_failover.cc; docs/failover.md "Verbs"); caller holds the comm's lock ----
+  // Both ends turn it on for a connection of two or more paths whose sender asked (wire.h kFeaturePathFailover).
+  void enableFailover() { failover_.store(paths_.size() > 1, std::memory_order_release); }
+  bool failover() const { return failover_.load(std::memory_order_acquire); }
+  PathState state(int path) const { return paths_[static_cast<size_t>(path)].state; }
+  void setState(int path, PathState state) { paths_[static_cast<size_t>(path)].state = state; }
+  bool live(int path) const { return state(path) == PathState::kLive; }
+  uint32_t generation(int path) const { return paths_[static_cast<size_t>(path)].generation; }
+  int livePaths() const;
+  // The (k mod n)-th of the n live paths: where new traffic goes; -1 when none is live.
+  int livePath(uint64_t k) const;
+  // Signaled work requests posted on a path and not yet completed, per direction of the work (send queue, receive
+  // queue): a failed path is drained when both are 0.
+  int& sendsInFlight(int path) { return paths_[static_cast<size_t>(path)].sendsInFlight; }
+  int& recvsInFlight(int path) { return paths_[static_cast<size_t>(path)].recvsInFlight; }
+  bool drained(int path) const {
+    const Path& p = paths_[static_cast<size_t>(path)];
+    return p.sendsInFlight == 0 && p.recvsInFlight == 0;
+  }
+  // Takes a live path out: its QPs go to the error state (their work requests complete, flushed), its NIC counts a
+  // failure, and the peer hears of it (kPathDown) unless it told us. With no live path left the connection fails,
+  // naming the peer and the NICs tried. False when the path was not live.
+  bool failPath(int path, const std::string& why, bool tellPeer = true);
+  // Port events since the last look: every live path on a NIC whose port went down is taken out; a down path whose
+  // NIC's port came back is due for a probe at once.
+  void watchPorts();
+  // A path frame (wire.h kPathDown..kPathRenew) about `path`'s current generation (or `generation`: the receiver's
+  // answer to a renewal names the one it replaced), with its payload.
+  void sendPathFrame(protocol::FrameType type, int path, const void* payload, size_t bytes,
+                     uint32_t generation = UINT32_MAX);
+  // A path frame's path: -1 (a protocol error, recorded) when the connection has none such; *current false for a
+  // frame about an earlier incarnation of the path (ignored). unexpectedFrame records a frame of no use here.
+  int framePath(const protocol::FrameHeader& frame, bool* current);
+  bool unexpectedFrame(const protocol::FrameHeader& frame);
+  // A drained path: the sender's next probe (1 s after the failure, doubling to 30 s; RAILNET_FAILOVER_PROBES caps
+  // them), due when its NIC's port is up. markDown starts the schedule; probeDue counts a probe it allows.
+  void markDown(int path);
+  bool probeDue(int path, std::chrono::steady_clock::time_point now);
+  void probeRefused(int path, const std::string& why);
+  // Making a path again: new QPs (INIT) replace the failed ones, which are destroyed; connectPath moves them to RTS
+  // against the peer's record (throws railnet::Error) and puts the path back to work, with a new generation.
+  void replaceQps(int path);
+  void connectPath(int path, const QpInfo& remote);
+  // A path's NIC is up by its port's events (a peer's refusal is what tells of the other end).
+  bool nicUp(int path) const { return nics_[static_cast<size_t>(nicOf(path))]->portActive(); }
+  std::string nicName(int path) const;
+  const std::string& whyDown(int path) const { return paths_[static_cast<size_t>(path)].why; }
+  std::string liveNicNames() const;
+
  private:
   struct Path {
     int nic = 0;
     std::unique_ptr<QueuePairs> qps;
     NicCounters* counters = nullptr;
+    // Failover, guarded by the comm's lock.
+    PathState state = PathState::kLive;
+    uint32_t generation = 0;
+    int sendsInFlight = 0;
+    int recvsInFlight = 0;
+    std::chrono::steady_clock::time_point downSince;
+    std::chrono::steady_clock::time_point nextProbe;
+    std::chrono::milliseconds probeInterval{0};
+    uint64_t probes = 0;
+    std::string why;  // what took it out
   };
+  void failedCompletion(int path, const ibv_wc& completion);
   std::vector<std::shared_ptr<VerbsDevice>> nics_;
   protocol::ControlChannel control_;
   std::vector<Path> paths_;
+  QpOptions options_;
+  std::vector<uint64_t> seenPortDowns_;  // per NIC, guarded by the comm's lock
+  std::vector<uint64_t> seenPortUps_;
+  std::atomic<bool> failover_{false};
   bool ready_ = false;
 };
 

@@ -101,8 +101,18 @@ void VerbsDevice::handleAsyncEvent(const ibv_async_event& event) {
       break;
     case IBV_EVENT_PORT_ERR:
       RN_WARN("NET/railnet: async event %s on %s port %d", name, device, event.element.port_num);
+      if (event.element.port_num == port_.port) {
+        portActive_.store(false, std::memory_order_release);
+        portDowns_.fetch_add(1, std::memory_order_acq_rel);
+      }
       break;
     case IBV_EVENT_PORT_ACTIVE:
+      RN_INFO(NCCL_NET, "NET/railnet: async event %s on %s port %d", name, device, event.element.port_num);
+      if (event.element.port_num == port_.port) {
+        portActive_.store(true, std::memory_order_release);
+        portUps_.fetch_add(1, std::memory_order_acq_rel);
+      }
+      break;
     case IBV_EVENT_LID_CHANGE:
     case IBV_EVENT_PKEY_CHANGE:
     case IBV_EVENT_SM_CHANGE:

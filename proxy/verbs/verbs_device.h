@@ -47,6 +47,13 @@ class VerbsDevice : public std::enable_shared_from_this<VerbsDevice> {
   std::unique_ptr<MemoryRegion> registerDmabuf(void* data, size_t size, int type, uint64_t offset, int fd);
   void releaseMemory(ibv_mr* mr) { registrations_.release(mr); }
 
+  // The port's state as its async events tell it (verbs path failover): how many times it went down (PORT_ERR)
+  // and came back (PORT_ACTIVE), and whether it is up now. Any thread; the data path compares the counts with what
+  // it saw last, one relaxed load per NIC.
+  uint64_t portDowns() const { return portDowns_.load(std::memory_order_acquire); }
+  uint64_t portUps() const { return portUps_.load(std::memory_order_acquire); }
+  bool portActive() const { return portActive_.load(std::memory_order_acquire); }
+
  private:
   const IbvApi& api_;
   VerbsPort port_;
@@ -55,6 +62,9 @@ class VerbsDevice : public std::enable_shared_from_this<VerbsDevice> {
   RegistrationCache<ibv_mr*> registrations_;
   int wakeFd_ = -1;
   std::atomic<bool> stopping_{false};
+  std::atomic<uint64_t> portDowns_{0};
+  std::atomic<uint64_t> portUps_{0};
+  std::atomic<bool> portActive_{true};  // the port was active when it was discovered
   std::thread asyncThread_;  // logs port/device events; QP errors go to the QP's QpEventSink
 
   void asyncLoop();

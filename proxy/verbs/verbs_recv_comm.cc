@@ -10,8 +10,13 @@
 namespace railnet::verbs {
 
 VerbsRecvComm::VerbsRecvComm(std::vector<std::shared_ptr<VerbsDevice>> nics, int peerNics, protocol::Fd control,
-                             const protocol::SocketAddress& peer, const QpOptions& options)
+                             const protocol::SocketAddress& peer, const QpOptions& options, bool failover)
     : connection_(std::move(nics), peerNics, std::move(control), peer, "receive", options) {
+  if (failover) connection_.enableFailover();
+  const auto paths = static_cast<size_t>(connection_.paths());
+  carriedNotice_.assign(paths, true);
+  queries_.resize(paths);
+  queried_.assign(paths, false);
   ring_.prepare([this](VerbsRecvRequest& entry) { entry.setOwner(this); });
   flushMode_ = settings().ibFlush;  // parsed and validated once, with the other settings
   flushRequests_.resize(64);
@@ -24,11 +29,7 @@ VerbsRecvComm::VerbsRecvComm(std::vector<std::shared_ptr<VerbsDevice>> nics, int
   ctsFrames_.resize(kRing * kClearToSendBytes);
   ctsRegion_ = connection_.registerMemory(ctsFrames_.data(), ctsFrames_.size(), NCCL_PTR_HOST);
   // Posted before the QPs reach RTR, so no notice can arrive without a buffer.
-  for (int path = 0; path < connection_.paths(); ++path) {
-    for (int qp = 0; qp < connection_.qps(path).created(); ++qp) {
-      for (int i = 0; i < kNoticesPerQp; ++i) postNotice(path, qp, i);
-    }
-  }
+  for (int path = 0; path < connection_.paths(); ++path) postNotices(path);
   watchdog_.start(this);
 }
 
@@ -38,6 +39,12 @@ VerbsRecvComm::~VerbsRecvComm() {
     RN_INFO(NCCL_NET, "NET/railnet: receive comm from %s took %llu grouped receives of %llu buffers",
             connection_.control().peerName().c_str(), static_cast<unsigned long long>(ring_.groupedPosts()),
             static_cast<unsigned long long>(ring_.groupedMembers()));
+  }
+}
+
+void VerbsRecvComm::postNotices(int path) {
+  for (int qp = 0; qp < connection_.qps(path).created(); ++qp) {
+    for (int i = 0; i < kNoticesPerQp; ++i) postNotice(path, qp, i);
   }
 }
 
@@ -55,29 +62,59 @@ void VerbsRecvComm::postNotice(int path, int qpIndex, int bufferIndex) {
   ibv_recv_wr* bad = nullptr;
   ibv_qp* qp = connection_.qps(path).qp(qpIndex);
   if (int rc = ibv_post_recv(qp, &wr, &bad); rc != 0) {
-    connection_.control().recordFailure("ibv_post_recv on QP " + std::to_string(qp->qp_num) + " failed: " + errnoText(rc),
-                                        protocol::FailureKind::kLocal);
+    const std::string why = "ibv_post_recv on QP " + std::to_string(qp->qp_num) + " failed: " + errnoText(rc);
+    if (connection_.failover()) {
+      connection_.failPath(path, why);
+    } else {
+      connection_.control().recordFailure(why, protocol::FailureKind::kLocal);
+    }
+    return;
   }
+  ++connection_.recvsInFlight(path);
 }
 
 bool VerbsRecvComm::sendClearToSend(uint32_t recvId, const void* frame, size_t size) {
-  // The frame's staging slot belongs to this receive-ring entry, so it is free again by the time the entry is.
+  // The frame's staging slot belongs to this receive-ring entry, so it is free again by the time the entry is. Its
+  // size is kept in its first header's `size` field, which clear-to-sends leave unused (wire.h).
   char* staged = &ctsFrames_[(recvId % kRing) * kClearToSendBytes];
   memcpy(staged, frame, size);
-  ibv_sge sge{reinterpret_cast<uint64_t>(staged), static_cast<uint32_t>(size), ctsRegion_->nic(0).lkey()};
+  protocol::FrameHeader header;
+  memcpy(&header, staged, sizeof(header));
+  header.size = size;
+  memcpy(staged, &header, sizeof(header));
+  unackedClearToSends_.push_back(recvId);
+  // While the clear-to-send path moves, the frame waits its turn behind those to be sent again.
+  if (!connection_.live(clearToSendPath_)) return !connection_.control().failed();
+  return postClearToSend(recvId);
+}
+
+bool VerbsRecvComm::postClearToSend(uint32_t recvId) {
+  const char* staged = &ctsFrames_[(recvId % kRing) * kClearToSendBytes];
+  protocol::FrameHeader header;
+  memcpy(&header, staged, sizeof(header));
+  const int path = clearToSendPath_;
+  ibv_sge sge{reinterpret_cast<uint64_t>(staged), static_cast<uint32_t>(header.size),
+              ctsRegion_->nic(connection_.nicOf(path)).lkey()};
   ibv_send_wr wr{};
-  wr.wr_id = UINT64_MAX;  // tells pollCompletions this is ours, not a notice buffer
+  wr.wr_id = kClearToSendTag | recvId;
   wr.sg_list = &sge;
   wr.num_sge = 1;
   wr.opcode = IBV_WR_SEND;
   wr.send_flags = IBV_SEND_SIGNALED;
   ibv_send_wr* bad = nullptr;
-  ibv_qp* qp = connection_.qps(0).qp(0);  // path 0, on nic 0: where the sender posted its clear-to-send buffers
+  ibv_qp* qp = connection_.qps(path).qp(0);  // the sender posted its clear-to-send buffers on QP 0 of every path
   if (int rc = ibv_post_send(qp, &wr, &bad); rc != 0) {
-    connection_.control().recordFailure("ibv_post_send of a clear-to-send on QP " + std::to_string(qp->qp_num) +
-                                  " failed: " + errnoText(rc), protocol::FailureKind::kLocal);
+    const std::string why = "ibv_post_send of a clear-to-send on QP " + std::to_string(qp->qp_num) + " failed: " +
+                            errnoText(rc);
+    if (connection_.failover()) {
+      connection_.failPath(path, why);  // the frame stays unacknowledged and goes again on the next path
+      return !connection_.control().failed();
+    }
+    unackedClearToSends_.pop_back();
+    connection_.control().recordFailure(why, protocol::FailureKind::kLocal);
     return false;
   }
+  ++connection_.sendsInFlight(path);
   return true;
 }
 
@@ -138,13 +175,29 @@ void VerbsRecvComm::applyNotice(int path, const Notice& notice, uint32_t bytes) 
 void VerbsRecvComm::pollCompletions() {
   for (int path = 0; path < connection_.paths(); ++path) {
     connection_.drainCompletions(path, [&](const ibv_wc& completion) {
-      if (completion.opcode == IBV_WC_SEND) return;  // a clear-to-send of ours went out
+      if ((completion.wr_id & kClearToSendTag) != 0) {
+        // A clear-to-send of ours arrived: they complete in the order they were posted.
+        --connection_.sendsInFlight(path);
+        if (!unackedClearToSends_.empty()) unackedClearToSends_.pop_front();
+        return;
+      }
+      --connection_.recvsInFlight(path);
+      carriedNotice_[static_cast<size_t>(path)] = true;
       size_t index = completion.wr_id;
       applyNotice(path, notices_[index], completion.byte_len);
+      if (!connection_.live(path)) return;  // a notice that made it before its path failed: counted, not reposted
       const size_t perPath = static_cast<size_t>(connection_.qps(0).created()) * kNoticesPerQp;
       postNotice(path, static_cast<int>(index % perPath / kNoticesPerQp), static_cast<int>(index % kNoticesPerQp));
+    }, [&](const ibv_wc& completion) {
+      // Flushed or failed (the connection took it in): only the count of what the path still holds changes.
+      if ((completion.wr_id & kClearToSendTag) != 0) {
+        --connection_.sendsInFlight(path);
+      } else {
+        --connection_.recvsInFlight(path);
+      }
     });
   }
+  if (connection_.failover()) advanceFailover();
 }
 
 void VerbsRecvComm::pumpControl() {
@@ -154,13 +207,25 @@ void VerbsRecvComm::pumpControl() {
     while (control.size() >= sizeof(protocol::FrameHeader)) {
       protocol::FrameHeader frame;
       memcpy(&frame, control.data(), sizeof(frame));
-      control.consume(sizeof(frame));
-      // After the QP handshake the control channel carries only oversize notices (receive_ring.h).
-      if (frame.type != static_cast<uint8_t>(protocol::FrameType::kOversize) ||
-          !ring_.applyOversize(frame, control.peerName())) {
-        control.recordFailure("protocol error: unexpected control frame type " + std::to_string(frame.type));
+      // After the QP handshake the control channel carries oversize notices (receive_ring.h) and, with failover,
+      // path frames with their payload.
+      if (frame.type == static_cast<uint8_t>(protocol::FrameType::kOversize)) {
+        control.consume(sizeof(frame));
+        if (!ring_.applyOversize(frame, control.peerName())) {
+          control.recordFailure("protocol error: an oversize notice for a receive that is not posted");
+          return;
+        }
+        continue;
+      }
+      if (!connection_.failover() || frame.size > kMaxPathFramePayload) {
+        control.recordFailure("protocol error: unexpected control frame type " + std::to_string(frame.type) + " (" +
+                              std::to_string(frame.size) + " bytes)");
         return;
       }
+      if (control.size() < sizeof(frame) + frame.size) break;
+      std::vector<char> payload(control.data() + sizeof(frame), control.data() + sizeof(frame) + frame.size);
+      control.consume(sizeof(frame) + frame.size);
+      if (!applyPathFrame(frame, payload.data())) return;
     }
     ssize_t got = control.read();
     if (got == 0) return;
@@ -373,6 +438,19 @@ std::string VerbsRecvComm::describeReceive(const VerbsRecvRequest& request) cons
                std::to_string(buffer.capacity) + " B";
   }
   return textf("receive #%llu:%s", static_cast<unsigned long long>(request.serial_), buffers.c_str());
+}
+
+void VerbsRecvComm::watchPaths(progress::WatchClock::time_point, std::chrono::milliseconds) noexcept {
+  // Rail failover's look: the sender's path frames are answered while NCCL has no receive to test (a query may be
+  // about receives that finished).
+  if (!connection_.failover()) return;
+  std::unique_lock<std::mutex> lock(mutex_, std::try_to_lock);
+  if (!lock.owns_lock() || connection_.control().failed() || !connection_.ready()) return;
+  try {
+    pollCompletions();
+    pumpControl();
+  } catch (...) {  // bad_alloc: the data path's next call goes on from here
+  }
 }
 
 void VerbsRecvComm::watch(progress::WatchClock::time_point now, std::chrono::milliseconds limit) noexcept {

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <atomic>
+#include <deque>
 #include <mutex>
 #include <vector>
 
@@ -39,9 +40,10 @@ class VerbsFlushRequest final : public protocol::CommRequest<VerbsRecvComm, Verb
 
 class VerbsRecvComm final : public RecvComm, private progress::Watched {
  public:
-  // nics: the device's NICs (one unless fused); peerNics: the sender's (PeerInfo::nicCount).
+  // nics: the device's NICs (one unless fused); peerNics: the sender's (PeerInfo::nicCount); failover: the sender
+  // asked for path failover (wire.h kFeaturePathFailover; on with two or more paths).
   VerbsRecvComm(std::vector<std::shared_ptr<VerbsDevice>> nics, int peerNics, protocol::Fd control,
-                const protocol::SocketAddress& peer, const QpOptions& options);
+                const protocol::SocketAddress& peer, const QpOptions& options, bool failover = false);
   ~VerbsRecvComm() override;
 
   ncclResult_t irecv(int n, void** data, const size_t* sizes, const int* tags, MemoryRegion** mrs,
@@ -52,6 +54,8 @@ class VerbsRecvComm final : public RecvComm, private progress::Watched {
  private:
   // The watchdog's look (proxy/progress/watchdog.h): a receive with no new byte for the limit gets one WARN.
   void watch(progress::WatchClock::time_point now, std::chrono::milliseconds limit) noexcept override;
+  // Rail failover's look (every tick while RAILNET_FAILOVER=1): drives a failed path's query, answer and probes.
+  void watchPaths(progress::WatchClock::time_point now, std::chrono::milliseconds silenceLimit) noexcept override;
   void describe(progress::WatchClock::time_point now, std::vector<std::string>* lines) noexcept override;
   std::string describeReceive(const VerbsRecvRequest& request) const;
   friend class protocol::CommRequest<VerbsRecvComm, VerbsFlushRequest>;
@@ -66,12 +70,32 @@ class VerbsRecvComm final : public RecvComm, private progress::Watched {
 
   ncclResult_t testRequest(VerbsRecvRequest* request, int* done, int* sizes) noexcept;
   void postNotice(int path, int qpIndex, int bufferIndex);
+  void postNotices(int path);
   void pollCompletions();
   void applyNotice(int path, const Notice& notice, uint32_t bytes);
   // A group notice: 1..8 members' headers, their payloads already written. Caller holds mutex_.
   void applyGroupNotice(int path, const Notice& notice, uint32_t bytes);
   void pumpControl();
+  // Stages a receive's clear-to-send frame and sends it on the clear-to-send path (held while that path moves).
   bool sendClearToSend(uint32_t recvId, const void* frame, size_t size);
+  bool postClearToSend(uint32_t recvId);
+
+  // ---- path failover (verbs_recv_failover.cc; docs/failover.md "Verbs"); caller holds mutex_ ----
+  // Drained failed paths are marked down and their queries answered; clear-to-sends move off a failed path.
+  void advanceFailover();
+  // Once the failed clear-to-send path's SENDs have all completed, the next live path that has carried a notice
+  // takes them: every clear-to-send not known to have arrived goes again there, in order (the sender drops repeats).
+  void moveClearToSends();
+  void answerQuery(int path);
+  void applyRenew(int path, const char* record, size_t bytes);
+  // One control frame from the sender besides kOversize (kPathDown, kPathQuery, kPathRenew). False: recorded.
+  bool applyPathFrame(const protocol::FrameHeader& frame, const char* payload);
+  static constexpr uint64_t kClearToSendTag = uint64_t{1} << 63;  // in wr_id: a clear-to-send SEND (| recvId)
+  std::deque<uint32_t> unackedClearToSends_;  // in posting order, until their SEND completes
+  int clearToSendPath_ = 0;
+  std::vector<bool> carriedNotice_;  // per path: a notice arrived on its current QPs (the sender's side is at RTS)
+  std::vector<std::vector<protocol::ChunkHeader>> queries_;  // per path: the sender's query, answered once drained
+  std::vector<bool> queried_;
 
   std::mutex mutex_;
   // Declared before link_ so they outlive the QPs whose work requests point into them.

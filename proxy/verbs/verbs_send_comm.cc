@@ -1,6 +1,7 @@
 #include "proxy/verbs/verbs_send_comm.h"
 
 #include <algorithm>
+#include <cstring>
 
 #include "proxy/protocol/stripe_plan.h"
 #include "railnet/error.h"
@@ -17,7 +18,7 @@ constexpr uint64_t kStripeAlign = 128;
 
 VerbsSendComm::VerbsSendComm(std::vector<std::shared_ptr<VerbsDevice>> nics, int peerNics, protocol::Fd control,
                              const protocol::SocketAddress& peer, const QpOptions& options, uint64_t minStripeBytes,
-                             const std::optional<HopPlan>& hop)
+                             const std::optional<HopPlan>& hop, bool failover)
     : connection_(std::move(nics), peerNics, std::move(control), peer, "send", options),
       requests_(kSendRequests, [this](VerbsSendRequest& request) { request.setOwner(this); }),
       minStripeBytes_(minStripeBytes) {
@@ -26,6 +27,10 @@ VerbsSendComm::VerbsSendComm(std::vector<std::shared_ptr<VerbsDevice>> nics, int
     hopPipeline_ = std::make_unique<staging::PiecePipeline<HopMessage>>(hop_->slots(), hop_->pieceBytes());
     hopSlots_.resize(static_cast<size_t>(hop_->slots()));
   }
+  if (failover && !hop) {
+    connection_.enableFailover();
+    posted_.dropRepeatedReceives();
+  }
   eagerHeaders_.resize(kSendRequests);
   for (int i = static_cast<int>(kSendRequests) - 1; i >= 0; --i) freeEagerSlots_.push_back(i);
   eagerRegion_ = connection_.registerMemory(eagerHeaders_.data(), eagerHeaders_.size() * sizeof(protocol::ChunkHeader),
@@ -33,12 +38,18 @@ VerbsSendComm::VerbsSendComm(std::vector<std::shared_ptr<VerbsDevice>> nics, int
   groupHeaders_.resize(static_cast<size_t>(kGroupNotices) * protocol::kMaxRecvs);
   groupRegion_ = connection_.registerMemory(groupHeaders_.data(), groupHeaders_.size() * sizeof(protocol::ChunkHeader),
                                             NCCL_PTR_HOST);
-  groupRequests_.resize(kGroupNotices);
+  groupMembers_.resize(kGroupNotices);
+  groupPath_.resize(kGroupNotices);
   for (int i = kGroupNotices - 1; i >= 0; --i) freeGroupNotices_.push_back(i);
-  ctsBuffers_.resize(kClearToSendBuffers * kClearToSendBytes);
+  const auto paths = static_cast<size_t>(connection_.paths());
+  unknown_.resize(paths);
+  pathDeadline_.resize(paths);
+  ctsBuffers_.resize(paths * kClearToSendBuffers * kClearToSendBytes);
   ctsRegion_ = connection_.registerMemory(ctsBuffers_.data(), ctsBuffers_.size(), NCCL_PTR_HOST);
   // Posted before the QPs reach RTR, so no clear-to-send can arrive without a buffer.
-  for (size_t i = 0; i < kClearToSendBuffers; ++i) postClearToSendBuffer(i);
+  for (int path = 0; path < connection_.paths(); ++path) {
+    for (size_t i = 0; i < kClearToSendBuffers; ++i) postClearToSendBuffer(path, i);
+  }
   watchdog_.start(this);
 }
 
@@ -51,16 +62,21 @@ VerbsSendComm::~VerbsSendComm() {
   }
 }
 
-void VerbsSendComm::postClearToSendBuffer(size_t index) {
-  // Clear-to-sends travel on path 0, whose QPs are on nic 0.
-  ibv_sge sge{reinterpret_cast<uint64_t>(&ctsBuffers_[index * kClearToSendBytes]), kClearToSendBytes,
-              ctsRegion_->nic(0).lkey()};
+void VerbsSendComm::postClearToSendBuffer(int path, size_t index) {
+  // The receiver sends its clear-to-sends on QP 0 of one path (path 0 until that path fails).
+  const size_t buffer = static_cast<size_t>(path) * kClearToSendBuffers + index;
+  ibv_sge sge{reinterpret_cast<uint64_t>(&ctsBuffers_[buffer * kClearToSendBytes]), kClearToSendBytes,
+              ctsRegion_->nic(connection_.nicOf(path)).lkey()};
   ibv_recv_wr wr{};
-  wr.wr_id = index;
+  wr.wr_id = buffer;
   wr.sg_list = &sge;
   wr.num_sge = 1;
   ibv_recv_wr* bad = nullptr;
-  if (int rc = ibv_post_recv(connection_.qps(0).qp(0), &wr, &bad); rc != 0) {
+  if (int rc = ibv_post_recv(connection_.qps(path).qp(0), &wr, &bad); rc != 0) {
+    if (connection_.failover()) {
+      connection_.failPath(path, "ibv_post_recv of a clear-to-send buffer failed: " + errnoText(rc));
+      return;
+    }
     connection_.control().recordFailure("ibv_post_recv of a clear-to-send buffer failed: " + errnoText(rc),
                                         protocol::FailureKind::kLocal);
   }
@@ -72,11 +88,45 @@ void VerbsSendComm::pumpControl() {
   ssize_t got = control.read();
   if (got == protocol::kEndOfStream) {
     control.recordFailure("the receiver closed the connection");
-  } else if (got < 0) {
-    control.recordSocketFailure("control connection", got);
-  } else if (control.size() > 0) {
-    control.recordFailure("protocol error: unexpected bytes on the control connection");
+    return;
   }
+  if (got < 0) {
+    control.recordSocketFailure("control connection", got);
+    return;
+  }
+  // After the QP handshake only path failover's frames come this way (clear-to-sends come by RDMA).
+  while (control.size() >= sizeof(protocol::FrameHeader) && !control.failed()) {
+    if (!connection_.failover()) {
+      control.recordFailure("protocol error: unexpected bytes on the control connection");
+      return;
+    }
+    protocol::FrameHeader frame;
+    memcpy(&frame, control.data(), sizeof(frame));
+    if (frame.size > kMaxPathFramePayload) {
+      control.recordFailure("protocol error: a path frame of " + std::to_string(frame.size) + " bytes");
+      return;
+    }
+    if (control.size() < sizeof(frame) + frame.size) return;
+    std::vector<char> payload(control.data() + sizeof(frame), control.data() + sizeof(frame) + frame.size);
+    control.consume(sizeof(frame) + frame.size);
+    if (!applyPathFrame(frame, payload.data())) return;
+  }
+}
+
+void VerbsSendComm::completeWork(uint32_t index) {
+  SentWork& work = work_[index];
+  if ((work.owner & kHopWrTag) != 0) {
+    onHopNotice(static_cast<int>(work.owner & ~kHopWrTag));
+  } else {
+    VerbsSendRequest* request = work.request;
+    ++request->completedStripes_;
+    if (--request->pendingStripes_ == 0 && request->eagerSlot_ >= 0) {
+      freeEagerSlots_.push_back(request->eagerSlot_);
+      request->eagerSlot_ = -1;
+    }
+  }
+  work = SentWork{};
+  freeWork_.push_back(index);
 }
 
 void VerbsSendComm::pollCompletions() {
@@ -84,39 +134,109 @@ void VerbsSendComm::pollCompletions() {
     connection_.drainCompletions(path, [&](const ibv_wc& completion) {
       if (completion.opcode == IBV_WC_RECV) {
         // A clear-to-send frame from the receiver.
-        size_t index = completion.wr_id;
+        size_t buffer = completion.wr_id;
         std::string why;
-        long used = posted_.parse(&ctsBuffers_[index * kClearToSendBytes], completion.byte_len, &why);
+        long used = posted_.parse(&ctsBuffers_[buffer * kClearToSendBytes], completion.byte_len, &why);
         if (used != static_cast<long>(completion.byte_len)) {
           connection_.control().recordFailure(used < 0 ? why : "protocol error: a partial clear-to-send frame");
         }
-        postClearToSendBuffer(index);
+        if (connection_.live(path)) postClearToSendBuffer(path, buffer % kClearToSendBuffers);
       } else if ((completion.wr_id & kGroupWrTag) != 0) {
         // A group notice went out: every member it named is done.
         const int slot = static_cast<int>(completion.wr_id & ~kGroupWrTag);
-        for (VerbsSendRequest* member : groupRequests_[static_cast<size_t>(slot)]) {
-          --member->pendingStripes_;
-          ++member->completedStripes_;
+        --connection_.sendsInFlight(path);
+        for (HeldMember& member : groupMembers_[static_cast<size_t>(slot)]) {
+          --member.request->pendingStripes_;
+          ++member.request->completedStripes_;
         }
-        groupRequests_[static_cast<size_t>(slot)].clear();
+        groupMembers_[static_cast<size_t>(slot)].clear();
         freeGroupNotices_.push_back(slot);
-      } else if ((completion.wr_id & kHopWrTag) != 0) {
-        onHopNotice(static_cast<int>(completion.wr_id & ~kHopWrTag));
-      } else if (completion.wr_id != 0) {
-        auto* request = reinterpret_cast<VerbsSendRequest*>(completion.wr_id);
-        ++request->completedStripes_;
-        if (--request->pendingStripes_ == 0 && request->eagerSlot_ >= 0) {
-          freeEagerSlots_.push_back(request->eagerSlot_);
-          request->eagerSlot_ = -1;
-        }
+      } else if ((completion.wr_id & kWorkTag) != 0) {
+        --connection_.sendsInFlight(path);
+        completeWork(static_cast<uint32_t>(completion.wr_id & ~kWorkTag));
+      }
+    }, [&](const ibv_wc& completion) {
+      // Flushed or failed: a clear-to-send buffer or an unsignaled WRITE (wr_id below the tags) needs nothing; the
+      // fate of a notice is the receiver's to tell (failover), or the connection has failed.
+      if ((completion.wr_id & kGroupWrTag) != 0) {
+        --connection_.sendsInFlight(path);
+        unknown_[static_cast<size_t>(path)].push_back({-1, static_cast<int>(completion.wr_id & ~kGroupWrTag), 0});
+      } else if ((completion.wr_id & kWorkTag) != 0) {
+        --connection_.sendsInFlight(path);
+        unknown_[static_cast<size_t>(path)].push_back({static_cast<int>(completion.wr_id & ~kWorkTag), -1, 0});
       }
     });
   }
 }
 
+uint32_t VerbsSendComm::newWork() {
+  if (freeWork_.empty()) {
+    work_.emplace_back();
+    return static_cast<uint32_t>(work_.size() - 1);
+  }
+  uint32_t index = freeWork_.back();
+  freeWork_.pop_back();
+  return index;
+}
+
+bool VerbsSendComm::postWork(uint32_t index, int path) {
+  SentWork& work = work_[index];
+  work.path = path;
+  const int nic = connection_.nicOf(path);
+  const uint32_t lkey = work.region != nullptr ? work.region->nic(nic).lkey() : work.lkey;
+  QueuePairs& qps = connection_.qps(path);
+  ibv_qp* qp = qps.qp(static_cast<int>(nextQp_[path]++ % static_cast<uint32_t>(qps.count())));
+  const uint64_t at = work.header.offset;
+  const uint64_t bytes = work.header.length;
+  ibv_send_wr notice{};
+  notice.wr_id = kWorkTag | index;
+  notice.opcode = IBV_WR_SEND;
+  notice.send_flags = IBV_SEND_SIGNALED;
+  ibv_sge sges[2];
+  ibv_send_wr write{};
+  ibv_send_wr* first = &notice;
+  if (work.kind == SentWork::Kind::kEager) {
+    // Header from its registered slot, payload from the user buffer: one SEND.
+    const protocol::ChunkHeader& header = eagerHeaders_[static_cast<size_t>(work.request->eagerSlot_)];
+    sges[0] = {reinterpret_cast<uint64_t>(&header), sizeof(header), eagerRegion_->nic(nic).lkey()};
+    sges[1] = {work.localBase, static_cast<uint32_t>(bytes), lkey};
+    notice.sg_list = sges;
+    notice.num_sge = 2;
+  } else {
+    // The payload goes straight into the receiver's buffer; the SEND after it on the same QP arrives after it
+    // (RC ordering) and tells the receiver how many bytes landed where.
+    sges[0] = {reinterpret_cast<uint64_t>(&work.header), sizeof(work.header), 0};
+    notice.sg_list = &sges[0];
+    notice.num_sge = 1;
+    notice.send_flags |= IBV_SEND_INLINE;
+    if (bytes > 0) {
+      sges[1] = {work.localBase + at, static_cast<uint32_t>(bytes), lkey};
+      write.sg_list = &sges[1];
+      write.num_sge = 1;
+      write.opcode = IBV_WR_RDMA_WRITE;
+      write.wr.rdma.remote_addr = work.destination.address + at;
+      write.wr.rdma.rkey = work.destination.pathKeys[path];
+      write.next = &notice;
+      first = &write;
+    }
+  }
+  ibv_send_wr* bad = nullptr;
+  if (int rc = ibv_post_send(qp, first, &bad); rc != 0) {
+    const std::string why = "ibv_post_send on QP " + std::to_string(qp->qp_num) + " failed: " + errnoText(rc);
+    if (connection_.failover()) {
+      connection_.failPath(path, why);
+      unknown_[static_cast<size_t>(path)].push_back({static_cast<int>(index), -1, 0});
+      return !connection_.control().failed();
+    }
+    connection_.control().recordFailure(why, protocol::FailureKind::kLocal);
+    return false;
+  }
+  ++connection_.sendsInFlight(path);
+  return true;
+}
+
 bool VerbsSendComm::postEager(VerbsSendRequest* request, int path, const char* data, const LinkRegion* region,
                               uint64_t size, const protocol::ClearToSendQueue::Destination& destination) {
-  const int nic = connection_.nicOf(path);
   int slot = freeEagerSlots_.back();
   freeEagerSlots_.pop_back();
   protocol::ChunkHeader& header = eagerHeaders_[static_cast<size_t>(slot)];
@@ -126,36 +246,34 @@ bool VerbsSendComm::postEager(VerbsSendRequest* request, int path, const char* d
   header.flags = kPayloadFollows;
   header.messageSize = size;
   header.length = size;
-  ibv_sge sges[2] = {{reinterpret_cast<uint64_t>(&header), sizeof(header), eagerRegion_->nic(nic).lkey()},
-                     {reinterpret_cast<uint64_t>(data), static_cast<uint32_t>(size), region->nic(nic).lkey()}};
-  ibv_send_wr wr{};
-  wr.wr_id = reinterpret_cast<uint64_t>(request);
-  wr.sg_list = sges;
-  wr.num_sge = 2;
-  wr.opcode = IBV_WR_SEND;
-  wr.send_flags = IBV_SEND_SIGNALED;
   request->pendingStripes_ = 1;
   request->eagerSlot_ = slot;
   request->pathBytes_[path] += size;
-  ibv_send_wr* bad = nullptr;
-  QueuePairs& qps = connection_.qps(path);
-  ibv_qp* qp = qps.qp(static_cast<int>(nextQp_[path]++ % static_cast<uint32_t>(qps.count())));
-  if (int rc = ibv_post_send(qp, &wr, &bad); rc != 0) {
+  const uint32_t index = newWork();
+  SentWork& work = work_[index];
+  work.kind = SentWork::Kind::kEager;
+  work.request = request;
+  work.localBase = reinterpret_cast<uint64_t>(data);
+  work.region = region;
+  work.header = header;
+  work.destination = destination;
+  if (!postWork(index, path)) {
     freeEagerSlots_.push_back(slot);
     request->eagerSlot_ = -1;
-    connection_.control().recordFailure("ibv_post_send on QP " + std::to_string(qp->qp_num) + " failed: " + errnoText(rc),
-                                        protocol::FailureKind::kLocal);
+    request->pendingStripes_ = 0;
+    work_[index] = SentWork{};
+    freeWork_.push_back(index);
     return false;
   }
   return true;
 }
 
-bool VerbsSendComm::postStripes(VerbsSendRequest* request, int path, uint64_t localBase, uint32_t lkey, uint64_t size,
+bool VerbsSendComm::postStripes(VerbsSendRequest* request, int path, uint64_t localBase, const LinkRegion* region,
+                                uint32_t lkey, uint64_t size,
                                 uint64_t offset, uint64_t length,
                                 const protocol::ClearToSendQueue::Destination& destination, uint64_t wrId,
                                 int* posted) {
-  QueuePairs& qps = connection_.qps(path);
-  const int qpCount = qps.count();
+  const int qpCount = connection_.qps(path).count();
   uint64_t perQp = (length + static_cast<uint64_t>(qpCount) - 1) / static_cast<uint64_t>(qpCount);
   uint64_t stripe = std::max(kMinStripe, (perQp + kStripeAlign - 1) / kStripeAlign * kStripeAlign);
   int stripes = length == 0 ? 1 : static_cast<int>((length + stripe - 1) / stripe);
@@ -163,38 +281,26 @@ bool VerbsSendComm::postStripes(VerbsSendRequest* request, int path, uint64_t lo
   request->pathBytes_[path] += length;
   for (int k = 0; k < stripes; ++k) {
     uint64_t at = offset + static_cast<uint64_t>(k) * stripe;
-    uint64_t bytes = length == 0 ? 0 : std::min(stripe, offset + length - at);
-    ibv_qp* qp = qps.qp(static_cast<int>(nextQp_[path]++ % static_cast<uint32_t>(qpCount)));
-    // The payload goes straight into the receiver's buffer; the SEND after it on the same QP arrives after it
-    // (RC ordering) and tells the receiver how many bytes landed where.
-    protocol::ChunkHeader header{};
-    header.recvId = destination.recvId;
-    header.slot = static_cast<uint8_t>(destination.slot);
-    header.messageSize = size;
-    header.offset = at;
-    header.length = bytes;
-    ibv_sge headerSge{reinterpret_cast<uint64_t>(&header), sizeof(header), 0};
-    ibv_send_wr notice{};
-    notice.wr_id = wrId != 0 ? wrId : reinterpret_cast<uint64_t>(request);
-    notice.sg_list = &headerSge;
-    notice.num_sge = 1;
-    notice.opcode = IBV_WR_SEND;
-    notice.send_flags = IBV_SEND_SIGNALED | IBV_SEND_INLINE;
-    ibv_sge dataSge{localBase + at, static_cast<uint32_t>(bytes), lkey};
-    ibv_send_wr write{};
-    write.sg_list = &dataSge;
-    write.num_sge = 1;
-    write.opcode = IBV_WR_RDMA_WRITE;
-    write.wr.rdma.remote_addr = destination.address + at;
-    write.wr.rdma.rkey = destination.pathKeys[path];
-    write.next = &notice;
-    ibv_send_wr* bad = nullptr;
-    if (int rc = ibv_post_send(qp, bytes > 0 ? &write : &notice, &bad); rc != 0) {
-      // Stripes not posted will never complete: the failure recorded here fails the request in test().
+    const uint32_t index = newWork();
+    SentWork& work = work_[index];
+    work.kind = SentWork::Kind::kStripe;
+    work.request = request;
+    work.owner = wrId;
+    work.localBase = localBase;
+    work.region = region;
+    work.lkey = lkey;
+    work.header.recvId = destination.recvId;
+    work.header.slot = static_cast<uint8_t>(destination.slot);
+    work.header.messageSize = size;
+    work.header.offset = at;
+    work.header.length = length == 0 ? 0 : std::min(stripe, offset + length - at);
+    work.destination = destination;
+    if (!postWork(index, path)) {
+      // Stripes not posted will never complete: the failure recorded fails the request in test().
+      work_[index] = SentWork{};
+      freeWork_.push_back(index);
       request->pendingStripes_ -= stripes - k;
       if (posted != nullptr) *posted = k;
-      connection_.control().recordFailure("ibv_post_send on QP " + std::to_string(qp->qp_num) + " failed: " + errnoText(rc),
-                                          protocol::FailureKind::kLocal);
       return false;
     }
   }
@@ -203,9 +309,10 @@ bool VerbsSendComm::postStripes(VerbsSendRequest* request, int path, uint64_t lo
 }
 
 bool VerbsSendComm::postGroup(std::vector<HeldMember>& members) {
+  const int path = connection_.livePath(messages_++);
+  if (path < 0) return false;  // every path failed: the connection failed with the last
   const int slot = freeGroupNotices_.back();
   freeGroupNotices_.pop_back();
-  const int path = static_cast<int>(messages_++ % static_cast<uint64_t>(connection_.paths()));
   const int nic = connection_.nicOf(path);
   QueuePairs& qps = connection_.qps(path);
   ibv_qp* qp = qps.qp(static_cast<int>(nextQp_[path]++ % static_cast<uint32_t>(qps.count())));
@@ -222,7 +329,6 @@ bool VerbsSendComm::postGroup(std::vector<HeldMember>& members) {
     headers[i].messageSize = member.size;
     headers[i].length = member.size;
     member.request->pathBytes_[path] += member.size;
-    groupRequests_[static_cast<size_t>(slot)].push_back(member.request);
     if (member.size == 0) continue;  // its header alone completes it
     dataSges[posted] = {reinterpret_cast<uint64_t>(member.data), static_cast<uint32_t>(member.size),
                         member.region->nic(nic).lkey()};
@@ -234,6 +340,8 @@ bool VerbsSendComm::postGroup(std::vector<HeldMember>& members) {
     write.wr.rdma.rkey = member.destination.pathKeys[path];
     ++posted;
   }
+  groupMembers_[static_cast<size_t>(slot)] = members;
+  groupPath_[static_cast<size_t>(slot)] = path;
   ibv_sge noticeSge{reinterpret_cast<uint64_t>(headers), static_cast<uint32_t>(members.size() * sizeof(protocol::ChunkHeader)),
                     groupRegion_->nic(nic).lkey()};
   ibv_send_wr& notice = writes[posted];
@@ -245,28 +353,38 @@ bool VerbsSendComm::postGroup(std::vector<HeldMember>& members) {
   for (int i = 0; i < posted; ++i) writes[i].next = &writes[i + 1];
   ibv_send_wr* bad = nullptr;
   if (int rc = ibv_post_send(qp, &writes[0], &bad); rc != 0) {
+    const std::string why = "ibv_post_send on QP " + std::to_string(qp->qp_num) + " failed: " + errnoText(rc);
+    if (connection_.failover()) {
+      // Like a flushed notice: the receiver is asked about the members once the path is drained.
+      connection_.failPath(path, why);
+      unknown_[static_cast<size_t>(path)].push_back({-1, slot, 0});
+      return !connection_.control().failed();
+    }
     // The members' requests stay pending; the failure recorded here fails them in test().
-    groupRequests_[static_cast<size_t>(slot)].clear();
+    groupMembers_[static_cast<size_t>(slot)].clear();
     freeGroupNotices_.push_back(slot);
-    connection_.control().recordFailure("ibv_post_send on QP " + std::to_string(qp->qp_num) + " failed: " + errnoText(rc),
-                                        protocol::FailureKind::kLocal);
+    connection_.control().recordFailure(why, protocol::FailureKind::kLocal);
     return false;
   }
+  ++connection_.sendsInFlight(path);
   return true;
 }
 
 bool VerbsSendComm::postMessage(VerbsSendRequest* request, const char* data, const LinkRegion* region, uint64_t size,
                                 const protocol::ClearToSendQueue::Destination& destination) {
-  // The fusion scheduler (proxy/stripe_plan.h) spreads the message over the paths; with one path it is one
+  // The fusion scheduler (proxy/stripe_plan.h) spreads the message over the live paths; with one path it is one
   // stripe, which the path's QPs split further.
+  const int live = connection_.livePaths();
+  if (live == 0) return false;  // every path failed: the connection failed with the last
   protocol::Stripe stripes[protocol::kMaxStripeNics] = {};
-  const int count = protocol::planStripes(size, connection_.paths(), messages_++, minStripeBytes_, stripes);
+  const int count = protocol::planStripes(size, live, messages_++, minStripeBytes_, stripes);
   if (size > 0 && size <= kEagerBytes && !freeEagerSlots_.empty()) {
-    return postEager(request, stripes[0].nic, data, region, size, destination);
+    return postEager(request, connection_.livePath(static_cast<uint64_t>(stripes[0].nic)), data, region, size,
+                     destination);
   }
   for (int i = 0; i < count; ++i) {
-    const uint32_t lkey = region != nullptr ? region->nic(connection_.nicOf(stripes[i].nic)).lkey() : 0;
-    if (!postStripes(request, stripes[i].nic, reinterpret_cast<uint64_t>(data), lkey, size, stripes[i].offset,
+    const int path = connection_.livePath(static_cast<uint64_t>(stripes[i].nic));
+    if (!postStripes(request, path, reinterpret_cast<uint64_t>(data), region, 0, size, stripes[i].offset,
                      stripes[i].bytes, destination)) {
       return false;
     }
@@ -294,6 +412,7 @@ ncclResult_t VerbsSendComm::isend(void* data, size_t size, int tag, MemoryRegion
   protocol::ControlChannel& control = connection_.control();
   if (control.failed() || !connection_.ready()) return control.failed() ? control.reportFailure() : ncclSuccess;
   pollCompletions();
+  if (connection_.failover()) advanceFailover();
   if (held_.due()) flushHeld();
   if (hop_ != nullptr && !pumpHop()) return control.reportFailure();
   std::optional<protocol::ClearToSendQueue::Destination> found = posted_.claim(tag);
@@ -371,6 +490,7 @@ ncclResult_t VerbsSendComm::testRequest(VerbsSendRequest* request, int* done, in
   *done = 0;
   std::lock_guard<std::mutex> lock(mutex_);
   pollCompletions();
+  if (connection_.failover()) advanceFailover();
   if (held_.due()) flushHeld();
   if (hop_ != nullptr) pumpHop();  // a failure is recorded and reported below
   if (!request->workLeft()) {
@@ -391,6 +511,18 @@ ncclResult_t VerbsSendComm::testRequest(VerbsSendRequest* request, int* done, in
   // A receiver that died leaves its QPs retrying for seconds; its closed control socket says so at once.
   if (!connection_.control().failed()) pumpControl();
   return connection_.control().failed() ? connection_.control().reportFailure() : ncclSuccess;
+}
+
+void VerbsSendComm::watchPaths(progress::WatchClock::time_point, std::chrono::milliseconds) noexcept {
+  // Rail failover's look: a path's query and probes go on while NCCL has nothing to call this comm for.
+  if (!connection_.failover()) return;
+  std::unique_lock<std::mutex> lock(mutex_, std::try_to_lock);
+  if (!lock.owns_lock() || connection_.control().failed() || !connection_.ready()) return;
+  try {
+    pollCompletions();
+    advanceFailover();
+  } catch (...) {  // bad_alloc: the data path's next call goes on from here
+  }
 }
 
 void VerbsSendComm::watch(progress::WatchClock::time_point now, std::chrono::milliseconds limit) noexcept {

@@ -50,9 +50,10 @@ class VerbsSendComm final : public SendComm, private progress::Watched {
   // nics: the device's NICs (one unless fused); peerNics: the receiver's (PeerInfo::nicCount);
   // minStripeBytes: the fusion scheduler's threshold (RAILNET_FUSION_MIN_STRIPE_BYTES).
   // hop: set for a routed connection that sends through the NVLink hop.
+  // failover: the connection asked for path failover (wire.h kFeaturePathFailover; on with two or more paths).
   VerbsSendComm(std::vector<std::shared_ptr<VerbsDevice>> nics, int peerNics, protocol::Fd control,
                 const protocol::SocketAddress& peer, const QpOptions& options, uint64_t minStripeBytes,
-                const std::optional<HopPlan>& hop = std::nullopt);
+                const std::optional<HopPlan>& hop = std::nullopt, bool failover = false);
   ~VerbsSendComm() override;
 
   ncclResult_t isend(void* data, size_t size, int tag, MemoryRegion* mr, Request** request) noexcept override;
@@ -65,16 +66,41 @@ class VerbsSendComm final : public SendComm, private progress::Watched {
   ncclResult_t testRequest(VerbsSendRequest* request, int* done, int* sizes) noexcept;
   // The watchdog's look (proxy/progress/watchdog.h): a send with no completion for the limit gets one WARN.
   void watch(progress::WatchClock::time_point now, std::chrono::milliseconds limit) noexcept override;
+  // Rail failover's look (every tick while RAILNET_FAILOVER=1): drives a failed path's query, answer and probes.
+  void watchPaths(progress::WatchClock::time_point now, std::chrono::milliseconds silenceLimit) noexcept override;
   void describe(progress::WatchClock::time_point now, std::vector<std::string>* lines) noexcept override;
-  // Reads clear-to-sends (and end-of-stream) from the control socket. Caller holds mutex_.
+  // Reads the control socket: end-of-stream, and with failover the receiver's path frames. Caller holds mutex_.
   void pumpControl();
   // Takes finished work off every path's CQ. Caller holds mutex_.
   void pollCompletions();
+  // ---- signaled work (a stripe's WRITE and notice, an eager SEND): kept until it completes, so failover can ask
+  // the receiver about it and send it again over another path ----
+  struct SentWork {
+    enum class Kind : uint8_t { kStripe, kEager };
+    Kind kind = Kind::kStripe;
+    int path = 0;
+    VerbsSendRequest* request = nullptr;
+    uint64_t owner = 0;  // nonzero: the wr_id this work stands for (a hop slot's notice)
+    uint64_t localBase = 0;  // the message's first byte
+    uint32_t lkey = 0;       // without a region (the hop's staging, or an empty message)
+    const LinkRegion* region = nullptr;
+    protocol::ChunkHeader header{};
+    protocol::ClearToSendQueue::Destination destination{};
+  };
+  static constexpr uint64_t kWorkTag = uint64_t{1} << 61;  // in wr_id: a SentWork index
+  uint32_t newWork();
+  // Posts the work on `path` (its QP round robin). False when the post failed and the connection failed with it;
+  // with failover a failed post takes the path out and the work waits for the query like a flushed one.
+  bool postWork(uint32_t index, int path);
+  // The work's notice completed (or the receiver has its bytes): its request counts it; the work is freed.
+  void completeWork(uint32_t index);
   // Bytes [offset, offset + length) of a message of `size` on one path: RDMA WRITEs spread over the path's
   // QPs, each followed by its notice SEND.
-  // Reads byte `at` of the message from localBase + at with `lkey`; the notices carry `wrId` (0: the request).
+  // Reads byte `at` of the message from localBase + at, through `region`'s key for the path's NIC (or `lkey` without
+  // one: the hop's staging); the notices carry `wrId` (0: the request).
   // *posted (when given) counts the stripes posted, which complete even after a failed post.
-  bool postStripes(VerbsSendRequest* request, int path, uint64_t localBase, uint32_t lkey, uint64_t size,
+  bool postStripes(VerbsSendRequest* request, int path, uint64_t localBase, const LinkRegion* region, uint32_t lkey,
+                   uint64_t size,
                    uint64_t offset, uint64_t length, const protocol::ClearToSendQueue::Destination& destination,
                    uint64_t wrId = 0, int* posted = nullptr);
   // One message on its own: eager SEND when small and a header slot is free, else striped WRITEs with notices,
@@ -99,7 +125,8 @@ class VerbsSendComm final : public SendComm, private progress::Watched {
   std::vector<protocol::ChunkHeader> groupHeaders_;                 // kGroupNotices x kMaxRecvs, registered
   std::unique_ptr<LinkRegion> groupRegion_;
   std::vector<int> freeGroupNotices_;                               // guarded by mutex_
-  std::vector<std::vector<VerbsSendRequest*>> groupRequests_;       // guarded: per notice slot, its members
+  std::vector<std::vector<HeldMember>> groupMembers_;               // guarded: per notice slot, its members
+  std::vector<int> groupPath_;                                      // guarded: per notice slot, its path
   protocol::HeldGroup<HeldMember> held_{std::chrono::microseconds(settings().groupWaitUs)};  // guarded
 
   // ---- the NVLink hop (verbs_send_hop.cc); caller holds mutex_ ----
@@ -126,15 +153,37 @@ class VerbsSendComm final : public SendComm, private progress::Watched {
   bool postEager(VerbsSendRequest* request, int path, const char* data, const LinkRegion* region, uint64_t size,
                  const protocol::ClearToSendQueue::Destination& destination);
 
-  // Clear-to-send frames arrive by RDMA SEND on QP 0 into these buffers (kept alive past the QPs).
+  // Clear-to-send frames arrive by RDMA SEND on QP 0 of a path (path 0 until it fails) into these buffers, posted
+  // on every path (kept alive past the QPs); wr_id: path x kClearToSendBuffers + buffer.
   static constexpr int kClearToSendBuffers = 2 * NCCL_NET_MAX_REQUESTS;
   static constexpr size_t kClearToSendBytes = 512;  // 8 entries with 8 keys each: 16 + 8 x 24 + 8 x 7 x 4 bytes
-  void postClearToSendBuffer(size_t index);
+  void postClearToSendBuffer(int path, size_t index);
+
+  // ---- path failover (verbs_send_failover.cc; docs/failover.md "Verbs"); caller holds mutex_ ----
+  // A work request of a failed path whose fate is unknown: a SentWork, or member `member` of group notice `group`.
+  struct Unknown {
+    int work = -1;
+    int group = -1;
+    int member = 0;
+  };
+  // Drained failed paths are queried, queries past their time fail the connection, due probes make paths again.
+  void advanceFailover();
+  void sendQuery(int path);
+  // The receiver's answer to a path's query: what it lacks goes again over the live paths. False: protocol error.
+  bool applyAnswer(int path, const char* answer, size_t count);
+  void startRenew(int path);
+  void applyRenew(int path, const char* record, size_t bytes);
+  // One control frame from the receiver (kPathDown, kPathAnswer, kPathRenew) and its payload. False: recorded.
+  bool applyPathFrame(const protocol::FrameHeader& frame, const char* payload);
+  std::vector<std::vector<Unknown>> unknown_;  // per path: failed work awaiting its query (then its answer)
+  std::vector<std::chrono::steady_clock::time_point> pathDeadline_;  // per path: the query's or renewal's answer
 
   std::mutex mutex_;
   std::vector<protocol::ChunkHeader> eagerHeaders_;  // one per send request that may be in flight
   std::vector<int> freeEagerSlots_;             // guarded by mutex_
-  std::vector<char> ctsBuffers_;
+  std::vector<char> ctsBuffers_;  // paths x kClearToSendBuffers
+  std::vector<SentWork> work_;        // guarded by mutex_
+  std::vector<uint32_t> freeWork_;    // guarded by mutex_
   std::unique_ptr<LinkRegion> ctsRegion_;
   std::unique_ptr<LinkRegion> eagerRegion_;
   VerbsConnection connection_;

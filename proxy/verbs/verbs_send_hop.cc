@@ -47,7 +47,7 @@ void VerbsSendComm::sendHopPiece(int slot) {
   int posted = 0;
   // Byte `at` of the message is at slot + (at - piece.offset): unsigned arithmetic, exact modulo 2^64.
   const uint64_t localBase = hop_->slotAddress(slot) - piece.offset;
-  postStripes(request, 0, localBase, hop_->slotKey(), piece.message.size, piece.offset, piece.bytes,
+  postStripes(request, 0, localBase, nullptr, hop_->slotKey(), piece.message.size, piece.offset, piece.bytes,
               piece.message.destination, kHopWrTag | static_cast<uint64_t>(slot), &posted);
   --request->hopPieces_;
   state.pendingStripes = posted;

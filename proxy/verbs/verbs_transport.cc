@@ -230,17 +230,21 @@ class VerbsTransport final : public Transport {
       options.railId = ports_[nics[0]].info.railId;
     }
     options.nicCount = static_cast<uint16_t>(nics.size());
+    // Path failover (docs/failover.md "Verbs"): asked by the sender, on for connections of two or more paths. A
+    // hopping sender keeps its staging pieces' failures fatal.
+    const bool failover = settings().failover != 0 && !hop;
+    if (failover) options.features |= protocol::kFeaturePathFailover;
     QpOptions qp = qpOptions_;
     uint64_t minStripe = minStripeBytes_;
-    options.makeSendComm = [this, nics, qp, minStripe, hop](protocol::Fd control, std::vector<protocol::Fd>,
-                                                             const protocol::PeerInfo& peer) {
-      return std::unique_ptr<SendComm>(
-          new VerbsSendComm(openPorts(nics), peer.nicCount, std::move(control), peer.peer, qp, minStripe, hop));
+    options.makeSendComm = [this, nics, qp, minStripe, hop, failover](protocol::Fd control, std::vector<protocol::Fd>,
+                                                                       const protocol::PeerInfo& peer) {
+      return std::unique_ptr<SendComm>(new VerbsSendComm(openPorts(nics), peer.nicCount, std::move(control), peer.peer,
+                                                         qp, minStripe, hop, failover));
     };
     options.makeRecvComm = [this, nics, qp](protocol::Fd control, std::vector<protocol::Fd>,
                                                       const protocol::PeerInfo& peer) {
-      return std::unique_ptr<RecvComm>(
-          new VerbsRecvComm(openPorts(nics), peer.nicCount, std::move(control), peer.peer, qp));
+      return std::unique_ptr<RecvComm>(new VerbsRecvComm(openPorts(nics), peer.nicCount, std::move(control), peer.peer,
+                                                         qp, (peer.features & protocol::kFeaturePathFailover) != 0));
     };
     return options;
   }

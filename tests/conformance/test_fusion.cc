@@ -14,6 +14,7 @@
 #include <map>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "comms.h"
@@ -587,6 +588,125 @@ TEST_CASE("fusion", "nic_failback", Scope::PerVersionOwnLoad) {
   // 2 MiB before the cut; the last transfer alone stripes 128 MiB over three NICs, about 42 MiB each.
   REQUIRE(lines.at("lo@127.0.2.1").sent >= 20 * MiB,
           strf("NIC 1 sent %llu bytes in all: it did not carry traffic again", lines.at("lo@127.0.2.1").sent));
+}
+
+}  // namespace conformance
+
+namespace conformance {
+
+TEST_CASE("fusion", "verbs_path_failover", Scope::PerVersionOwnLoad) {
+  // Verbs path failover (docs/failover.md "Verbs"): on a device fused from two soft-RoCE ports, the link under one
+  // port goes down mid-transfer (ip link set down on its netdev: its QPs' work fails, the port's PORT_ERR event). The
+  // path through it is taken out, the receiver says which of its chunks in flight landed, the rest go again over the
+  // other path, and every message arrives intact; while the link is down no probe brings the path back; once it is up
+  // (PORT_ACTIVE) the path is made again with new QPs and carries traffic. One connection through every failure:
+  // NIC 1's port first, then NIC 0's (whose path also carries the clear-to-sends), then (the long form,
+  // RAILNET_TEST_PATH_FAILURES=N; tests/rxe/failover-campaign.sh) either, at random moments, for random times. Only
+  // in the soft-RoCE guest, which names the ports' netdevs (scripts/test.sh --rxe).
+  if (env.version < 12 || !verbsTransport()) return;
+  const char* netdevs = std::getenv("RAILNET_TEST_RXE_NETDEVS");  // "veth0,veth1": the netdevs under rxe0, rxe1
+  if (netdevs == nullptr) SKIP("needs the soft-RoCE guest's links to fail (RAILNET_TEST_RXE_NETDEVS)");
+  const std::string list = netdevs;
+  const std::string netdevOf[2] = {list.substr(0, list.find(',')), list.substr(list.find(',') + 1)};
+  const char* failuresText = std::getenv("RAILNET_TEST_PATH_FAILURES");
+  const int failures = std::max(2, failuresText != nullptr ? std::atoi(failuresText) : 2);
+  const char* seedText = std::getenv("RAILNET_TEST_PATH_SEED");
+  const uint64_t seed = seedText != nullptr ? std::strtoull(seedText, nullptr, 10) : 2000;
+  struct Restore {
+    const std::string* netdevs;
+    ~Restore() {
+      for (int nic = 0; nic < 2; ++nic) (void)!std::system(("ip link set " + netdevs[nic] + " up").c_str());
+    }
+  } restore{netdevOf};
+  auto countWarnings = [](uint64_t since, const std::vector<std::string>& needles) {
+    size_t count = 0;
+    for (const LogRecord& record : warningsSince(since)) {
+      bool all = true;
+      for (const std::string& needle : needles) all = all && record.text.find(needle) != std::string::npos;
+      count += all ? 1 : 0;
+    }
+    return count;
+  };
+  const uint64_t mark = logMark();
+  std::mt19937_64 rng(seed);
+  size_t messages = 0;
+  {
+    FusedLoad fused(env);
+    NetApi& net = fused.net();
+    LinkedPair pair(net, fused.device);
+    auto transfer = [&] {
+      std::vector<size_t> sizes;
+      for (int i = 0; i < 16; ++i) sizes.push_back(randomSize(rng, std::min(options().maxSize, 512 * KiB)));
+      runTransfer(net, pair.conn, simplePlan(sizes, 8, rng()));
+      messages += sizes.size();
+    };
+    for (int failure = 0; failure < failures; ++failure) {
+      const int nic = failure == 0 ? 1 : failure == 1 ? 0 : static_cast<int>(rng() % 2);
+      const std::string path = strf("path %d (", nic);
+      const std::string netdev = netdevOf[nic];
+      const size_t failedBefore = countWarnings(mark, {path, "sent again over"});
+      const size_t backBefore = countWarnings(mark, {path, "answers again"});
+      const auto downAfter = std::chrono::milliseconds(100 + rng() % 700);  // while transfers run
+      std::thread down([&] {
+        std::this_thread::sleep_for(downAfter);
+        (void)!std::system(("ip link set " + netdev + " down").c_str());
+      });
+      struct Join {
+        std::thread& thread;
+        ~Join() { thread.join(); }
+      } join{down};
+      for (const Deadline deadline(std::chrono::seconds(30)); countWarnings(mark, {path, "sent again over"}) == failedBefore;
+           deadline.check(("the failure of " + path + "to be handled").c_str())) {
+        transfer();
+      }
+      // The first two keep the link down for two seconds, where the first probe would come at one: none may bring
+      // the path back. Later ones: 0.2 to 3 s.
+      const auto downFor = std::chrono::milliseconds(failure < 2 ? 2000 : 200 + rng() % 2800);
+      for (const auto since = std::chrono::steady_clock::now(); std::chrono::steady_clock::now() - since < downFor;) {
+        transfer();
+      }
+      REQUIRE(countWarnings(mark, {path, "answers again"}) == backBefore,
+              "the path came back while its link was down; warnings:\n" + describeWarnings(mark));
+      REQUIRE(std::system(("ip link set " + netdev + " up").c_str()) == 0, "could not bring " + netdev + " up");
+      for (const Deadline deadline(std::chrono::seconds(30)); countWarnings(mark, {path, "answers again"}) == backBefore;
+           deadline.check(("the return of " + path).c_str())) {
+        transfer();
+      }
+    }
+    // Back: both paths carry a transfer again.
+    runTransfer(net, pair.conn, simplePlan(std::vector<size_t>(8, 2 * MiB), 4, rng()));
+  }
+  std::string others;
+  for (const LogRecord& record : warningsSince(mark)) {
+    const std::string& text = record.text;
+    const bool expected = text.find("async event") != std::string::npos ||
+                          text.find("sent again over") != std::string::npos ||
+                          text.find("answers again") != std::string::npos;
+    if (!expected) others += text + "\n";
+  }
+  REQUIRE(others.empty(), "unexpected WARNs:\n" + others);
+  // Both NICs carried the last transfer: 16 MiB striped over two paths.
+  const std::map<std::string, NicLine> lines = nicLinesSince(mark);
+  for (const char* nic : {"rxe0", "rxe1"}) {
+    REQUIRE(lines.count(nic) == 1 && lines.at(nic).sent >= 4 * MiB, strf("%s sent too little in all", nic));
+  }
+  // What the sender's WARNs say the receiver answered: chunks asked about, those it lacked (sent again), their bytes.
+  unsigned long long asked = 0, lacked = 0, resentBytes = 0;
+  for (const LogRecord& record : warningsSince(mark)) {
+    const size_t at = record.text.find("the receiver lacked ");
+    unsigned long long missing = 0, of = 0, bytes = 0;
+    if (at != std::string::npos &&
+        std::sscanf(record.text.c_str() + at, "the receiver lacked %llu of %llu chunks in flight on it, %llu B",
+                    &missing, &of, &bytes) == 3) {
+      lacked += missing;
+      asked += of;
+      resentBytes += bytes;
+    }
+  }
+  std::printf("verbs path failover: %d failures (seed %llu), %zu checksummed messages and the last 16 MiB, all "
+              "arrived; %llu chunks in flight on failed paths, %llu of them missing and sent again (%llu B), %llu "
+              "had landed\n", failures, static_cast<unsigned long long>(seed), messages, asked, lacked, resentBytes,
+              asked - lacked);
 }
 
 }  // namespace conformance

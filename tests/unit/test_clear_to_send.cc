@@ -202,3 +202,28 @@ TEST_CASE("done frames: taken between clear-to-sends only when asked for, else a
   done.slot = 8;  // buffers are 0..7
   CHECK(badSlot.parse(raw, sizeof(done), &why, &delivered) == -1);
 }
+
+TEST_CASE("verbs path failover: a clear-to-send sent again is dropped, a new one is taken", "[matching]") {
+  // A receiver whose clear-to-send path failed sends again, in order, every clear-to-send whose SEND did not
+  // complete; some had arrived.
+  ClearToSendQueue queue;
+  queue.dropRepeatedReceives();
+  std::vector<char> bytes;
+  appendFrame(&bytes, 0, {{1, 100}});
+  appendFrame(&bytes, 1, {{1, 200}});
+  appendFrame(&bytes, 1, {{1, 200}});  // sent again: it had arrived
+  appendFrame(&bytes, 2, {{1, 300}});
+  feed(&queue, bytes);
+  for (uint64_t capacity : {100u, 200u, 300u}) {
+    auto next = queue.claim(1);
+    REQUIRE(next);
+    CHECK(next->capacity == capacity);
+  }
+  CHECK(queue.empty());
+  // Without the setting (TCP, whose control socket never repeats one) every frame is a receive.
+  ClearToSendQueue plain;
+  feed(&plain, bytes);
+  int count = 0;
+  while (plain.claim(1)) ++count;
+  CHECK(count == 4);
+}

@@ -227,3 +227,30 @@ TEST_CASE("a chunk that repeats placed bytes counts once; one that contradicts t
   REQUIRE(Ring::finish(*entry, &size) == ncclSuccess);
   CHECK(size == static_cast<int>(kMessage));
 }
+
+TEST_CASE("verbs path failover: a queried chunk is placed when its bytes are, or when its receive is finished",
+          "[receive-ring]") {
+  // The receiver's answer to a kPathQuery (wire.h): only a chunk answered "missing" is sent again, so a copy never
+  // lands in a buffer NCCL may have reused.
+  Ring ring;
+  std::vector<char> memory(1000);
+  Entry* entry = postOne(ring, memory);
+  REQUIRE(entry != nullptr);
+  CHECK_FALSE(ring.placed(chunk(0, 0, 1000, 0, 400)));
+  REQUIRE(addBytes(ring, chunk(0, 0, 1000, 0, 400)));
+  CHECK(ring.placed(chunk(0, 0, 1000, 0, 400)));
+  CHECK(ring.placed(chunk(0, 0, 1000, 100, 200)));   // inside placed bytes
+  CHECK_FALSE(ring.placed(chunk(0, 0, 1000, 300, 200)));  // half of it missing
+  CHECK_FALSE(ring.placed(chunk(0, 0, 1000, 400, 600)));
+  REQUIRE(addBytes(ring, chunk(0, 0, 1000, 400, 600)));
+  int size = 0;
+  REQUIRE(Ring::finish(*entry, &size) == ncclSuccess);
+  CHECK(ring.placed(chunk(0, 0, 1000, 400, 600)));  // finished: every byte arrived
+  // An empty message is placed once it completed.
+  std::vector<char> none(16);
+  Entry* empty = postOne(ring, none);
+  REQUIRE(empty != nullptr);
+  CHECK_FALSE(ring.placed(chunk(1, 0, 0, 0, 0)));
+  REQUIRE(addBytes(ring, chunk(1, 0, 0, 0, 0)));
+  CHECK(ring.placed(chunk(1, 0, 0, 0, 0)));
+}

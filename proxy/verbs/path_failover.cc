@@ -1,0 +1,210 @@
+// Verbs path failover, the part both comms share (docs/failover.md "Verbs"): taking a path out, watching the ports,
+// the probe schedule, and making a path again with new QPs. The comms own what travels: the sender's query and
+// resend, the receiver's answer and its clear-to-sends.
+#include <algorithm>
+#include <cstring>
+
+#include "proxy/verbs/verbs_connection.h"
+#include "railnet/error.h"
+#include "railnet/log.h"
+#include "railnet/settings.h"
+
+namespace railnet::verbs {
+namespace {
+constexpr std::chrono::milliseconds kFirstProbe{1000};
+constexpr std::chrono::milliseconds kLongestProbeWait{30000};
+
+uint64_t millisecondsSince(std::chrono::steady_clock::time_point since) {
+  return static_cast<uint64_t>(
+      std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - since).count());
+}
+}  // namespace
+
+VerbsConnection::~VerbsConnection() {
+  for (Path& path : paths_) {
+    if (path.state != PathState::kLive) path.counters->addDegraded(millisecondsSince(path.downSince));
+  }
+}
+
+int VerbsConnection::livePaths() const {
+  return static_cast<int>(std::count_if(paths_.begin(), paths_.end(),
+                                        [](const Path& path) { return path.state == PathState::kLive; }));
+}
+
+int VerbsConnection::livePath(uint64_t k) const {
+  const int live = livePaths();
+  if (live == static_cast<int>(paths_.size())) return static_cast<int>(k % paths_.size());
+  if (live == 0) return -1;
+  uint64_t index = k % static_cast<uint64_t>(live);
+  for (size_t p = 0; p < paths_.size(); ++p) {
+    if (paths_[p].state != PathState::kLive) continue;
+    if (index-- == 0) return static_cast<int>(p);
+  }
+  return -1;
+}
+
+std::string VerbsConnection::nicName(int path) const { return nics_[static_cast<size_t>(nicOf(path))]->port().info.name; }
+
+std::string VerbsConnection::liveNicNames() const {
+  std::string names;
+  for (size_t p = 0; p < paths_.size(); ++p) {
+    if (paths_[p].state != PathState::kLive) continue;
+    const std::string name = nicName(static_cast<int>(p));
+    if (names.find(name) != std::string::npos) continue;
+    names += (names.empty() ? "" : ", ") + name;
+  }
+  return names.empty() ? "none" : names;
+}
+
+void VerbsConnection::failedCompletion(int path, const ibv_wc& completion) {
+  if (!failover()) {
+    control_.recordFailure(describe(path, completion));
+    return;
+  }
+  // A flushed work request of a path already out is expected; any other failure takes its path out.
+  if (live(path)) failPath(path, describe(path, completion));
+}
+
+bool VerbsConnection::failPath(int path, const std::string& why, bool tellPeer) {
+  Path& p = paths_[static_cast<size_t>(path)];
+  if (p.state != PathState::kLive) return false;
+  p.state = PathState::kDraining;
+  p.why = why;
+  p.downSince = std::chrono::steady_clock::now();
+  p.counters->addFailure();
+  // The error state completes every work request the QPs hold (flushed) and stops their traffic: nothing of this
+  // path lands after its chunks are sent again elsewhere.
+  const IbvApi& api = device(p.nic).api();
+  for (int i = 0; i < p.qps->created(); ++i) {
+    ibv_qp_attr attr{};
+    attr.qp_state = IBV_QPS_ERR;
+    if (int rc = api.modifyQp(p.qps->qp(i), &attr, IBV_QP_STATE); rc != 0) {
+      control_.recordFailure("moving QP " + std::to_string(p.qps->qp(i)->qp_num) + " of a failed path to the error "
+                             "state failed: " + errnoText(rc), protocol::FailureKind::kLocal);
+      return true;
+    }
+  }
+  RN_INFO(NCCL_NET, "NET/railnet: %s connection with %s: path %d (%s) taken out: %s", control_.direction(),
+          control_.peerName().c_str(), path, nicName(path).c_str(), why.c_str());
+  if (tellPeer) sendPathFrame(protocol::FrameType::kPathDown, path, nullptr, 0);
+  if (livePaths() == 0) {
+    std::string tried;
+    for (size_t q = 0; q < paths_.size(); ++q) {
+      const std::string name = nicName(static_cast<int>(q));
+      if (tried.find(name) == std::string::npos) tried += (tried.empty() ? "" : ", ") + name;
+    }
+    control_.recordFailure("every path failed (NICs tried: " + tried + "); the last: " + why);
+  }
+  return true;
+}
+
+void VerbsConnection::watchPorts() {
+  for (size_t nic = 0; nic < nics_.size(); ++nic) {
+    const uint64_t downs = nics_[nic]->portDowns();
+    const uint64_t ups = nics_[nic]->portUps();
+    if (downs == seenPortDowns_[nic] && ups == seenPortUps_[nic]) continue;
+    const bool wentDown = downs != seenPortDowns_[nic];
+    seenPortDowns_[nic] = downs;
+    seenPortUps_[nic] = ups;
+    for (size_t p = 0; p < paths_.size(); ++p) {
+      Path& path = paths_[p];
+      if (path.nic != static_cast<int>(nic)) continue;
+      if (wentDown && path.state == PathState::kLive) {
+        failPath(static_cast<int>(p), "port " + std::to_string(nics_[nic]->port().port) + " of " +
+                                          nics_[nic]->port().device + " went down (async event PORT_ERR)");
+      } else if (path.state == PathState::kDown && nics_[nic]->portActive()) {
+        path.nextProbe = std::chrono::steady_clock::now();  // its port is back: probe at once
+      }
+    }
+  }
+}
+
+void VerbsConnection::sendPathFrame(protocol::FrameType type, int path, const void* payload, size_t bytes,
+                                    uint32_t generation) {
+  protocol::FrameHeader frame{static_cast<uint8_t>(type), static_cast<uint8_t>(path), 0,
+                              generation == UINT32_MAX ? this->generation(path) : generation, bytes};
+  control_.send(&frame, sizeof(frame));
+  if (bytes > 0) control_.send(payload, bytes);
+}
+
+int VerbsConnection::framePath(const protocol::FrameHeader& frame, bool* current) {
+  const int path = frame.slot;
+  if (path >= paths()) {
+    control_.recordFailure("protocol error: a path frame for path " + std::to_string(path) + " of " +
+                           std::to_string(paths()));
+    return -1;
+  }
+  *current = frame.recvId == generation(path);
+  return path;
+}
+
+bool VerbsConnection::unexpectedFrame(const protocol::FrameHeader& frame) {
+  control_.recordFailure("protocol error: unexpected control frame type " + std::to_string(frame.type));
+  return false;
+}
+
+void VerbsConnection::markDown(int path) {
+  Path& p = paths_[static_cast<size_t>(path)];
+  p.state = PathState::kDown;
+  if (p.probeInterval.count() == 0) {
+    p.probeInterval = kFirstProbe;
+    p.nextProbe = p.downSince + kFirstProbe;
+  }
+}
+
+bool VerbsConnection::probeDue(int path, std::chrono::steady_clock::time_point now) {
+  Path& p = paths_[static_cast<size_t>(path)];
+  if (p.state != PathState::kDown || now < p.nextProbe || !nicUp(path)) return false;
+  const uint64_t cap = static_cast<uint64_t>(settings().failoverProbes);
+  if (cap != 0 && p.probes >= cap) return false;
+  ++p.probes;
+  p.nextProbe = now + p.probeInterval;
+  p.probeInterval = std::min(p.probeInterval * 2, kLongestProbeWait);
+  return true;
+}
+
+void VerbsConnection::probeRefused(int path, const std::string& why) {
+  Path& p = paths_[static_cast<size_t>(path)];
+  p.state = PathState::kDown;
+  RN_INFO(NCCL_NET, "NET/railnet: %s connection with %s: probe %llu of path %d (%s) failed (%s); next in %lld ms",
+          control_.direction(), control_.peerName().c_str(), static_cast<unsigned long long>(p.probes), path,
+          nicName(path).c_str(), why.c_str(),
+          static_cast<long long>(std::chrono::duration_cast<std::chrono::milliseconds>(
+                                     p.nextProbe - std::chrono::steady_clock::now()).count()));
+}
+
+void VerbsConnection::replaceQps(int path) {
+  Path& p = paths_[static_cast<size_t>(path)];
+  p.qps.reset();  // destroyed first: a QP's work requests point into buffers the new QPs get posted again
+  p.qps = std::make_unique<QueuePairs>(nics_[static_cast<size_t>(p.nic)], options_, this);
+  p.sendsInFlight = 0;
+  p.recvsInFlight = 0;
+}
+
+void VerbsConnection::connectPath(int path, const QpInfo& remote) {
+  Path& p = paths_[static_cast<size_t>(path)];
+  if (remote.magic == kQpInfoMagic && remote.path != path) {
+    fail(ncclSystemError, "NET/railnet: %s sent a QP record for path %u to make path %d again",
+         control_.peerName().c_str(), remote.path, path);
+  }
+  p.qps->connect(remote);
+  const uint64_t outMs = millisecondsSince(p.downSince);
+  p.counters->addDegraded(outMs);
+  p.state = PathState::kLive;
+  ++p.generation;
+  p.probeInterval = std::chrono::milliseconds(0);
+  // One WARN per event: the sender's (it probed); the receiver's side of it is INFO.
+  const bool sender = strcmp(control_.direction(), "send") == 0;
+  const char* format = "NET/railnet: %s connection with %s: path %d (%s) answers again %.1f s after it failed (probe "
+                       "%llu): new QPs carry its traffic";
+  if (sender) {
+    RN_WARN(format, control_.direction(), control_.peerName().c_str(), path, nicName(path).c_str(),
+            static_cast<double>(outMs) / 1000.0, static_cast<unsigned long long>(p.probes));
+  } else {
+    RN_INFO(NCCL_NET, format, control_.direction(), control_.peerName().c_str(), path, nicName(path).c_str(),
+            static_cast<double>(outMs) / 1000.0, static_cast<unsigned long long>(p.probes));
+  }
+  p.probes = 0;
+}
+
+}  // namespace railnet::verbs
