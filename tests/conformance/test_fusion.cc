@@ -710,3 +710,69 @@ TEST_CASE("fusion", "verbs_path_failover", Scope::PerVersionOwnLoad) {
 }
 
 }  // namespace conformance
+
+namespace conformance {
+
+TEST_CASE("fusion", "verbs_all_paths_down", Scope::PerVersionOwnLoad) {
+  // Every path of a fused verbs connection gone (both ports' links down mid-transfer): the send and the receive in
+  // flight fail within 2 s with ncclRemoteError, and a WARN names the peer and the NICs tried (docs/failover.md
+  // "Verbs"). Only in the soft-RoCE guest (scripts/test.sh --rxe).
+  if (env.version < 12 || !verbsTransport()) return;
+  const char* netdevs = std::getenv("RAILNET_TEST_RXE_NETDEVS");
+  if (netdevs == nullptr) SKIP("needs the soft-RoCE guest's links to fail (RAILNET_TEST_RXE_NETDEVS)");
+  const std::string list = netdevs;
+  const std::string both = "ip link set " + list.substr(0, list.find(',')) + " down; ip link set " +
+                           list.substr(list.find(',') + 1) + " down";
+  struct Restore {
+    std::string command;
+    ~Restore() { (void)!std::system(command.c_str()); }
+  } restore{"ip link set " + list.substr(0, list.find(',')) + " up; ip link set " + list.substr(list.find(',') + 1) +
+            " up"};
+  constexpr size_t kBytes = 64 * MiB;
+  HostBuffer sendBuffer(kBytes), recvBuffer(kBytes);
+  const uint64_t mark = logMark();
+  std::chrono::steady_clock::time_point downAt;
+  {
+    FusedLoad fused(env);
+    NetApi& net = fused.net();
+    LinkedPair pair(net, fused.device);
+    Registration sendReg(net, pair.conn.send.get(), sendBuffer.data(), kBytes);
+    Registration recvReg(net, pair.conn.recv.get(), recvBuffer.data(), kBytes);
+    ncclResult_t sendResult = ncclSuccess, recvResult = ncclSuccess;
+    std::chrono::steady_clock::time_point sendFailed, recvFailed;
+    ThreadGroup threads;
+    const Deadline deadline(std::chrono::seconds(30));
+    // A receive waits for its message; the links go once its clear-to-send is with the sender, which then sends.
+    threads.spawn([&] {
+      void* request = postRecv(net, pair.conn.recv.get(), recvBuffer.data(), kBytes, recvReg.handle(), deadline);
+      recvResult = waitRequest(net, request, nullptr, deadline);
+      recvFailed = std::chrono::steady_clock::now();
+    });
+    threads.spawn([&] {
+      std::this_thread::sleep_for(std::chrono::milliseconds(500));
+      downAt = std::chrono::steady_clock::now();
+      REQUIRE(std::system(both.c_str()) == 0, "could not take the links down");
+      void* request = nullptr;
+      for (Backoff backoff; !request; backoff.idle()) {
+        deadline.check("isend of 64 MiB");
+        sendResult = net.isend(pair.conn.send.get(), sendBuffer.data(), kBytes, 0, sendReg.handle(), &request);
+        if (sendResult != ncclSuccess) break;
+      }
+      if (request != nullptr) sendResult = waitRequest(net, request, nullptr, deadline);
+      sendFailed = std::chrono::steady_clock::now();
+    });
+    threads.join();
+    auto after = [&](std::chrono::steady_clock::time_point at) { return std::chrono::duration<double>(at - downAt).count(); };
+    REQUIRE(sendResult == ncclRemoteError && recvResult == ncclRemoteError,
+            strf("the send ended with %d and the receive with %d; expected ncclRemoteError (%d) for both",
+                 static_cast<int>(sendResult), static_cast<int>(recvResult), static_cast<int>(ncclRemoteError)));
+    REQUIRE(after(sendFailed) < 2.0 && after(recvFailed) < 2.0,
+            strf("the send failed %.1f s and the receive %.1f s after the links went down; 2 s allowed",
+                 after(sendFailed), after(recvFailed)));
+  }
+  REQUIRE(waitForWarning(mark, {"send connection with", "every path failed (NICs tried: rxe0, rxe1)"},
+                         std::chrono::seconds(1)),
+          "no WARN named the NICs tried; warnings:\n" + describeWarnings(mark));
+}
+
+}  // namespace conformance
