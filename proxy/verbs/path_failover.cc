@@ -26,16 +26,10 @@ VerbsConnection::~VerbsConnection() {
   }
 }
 
-int VerbsConnection::livePaths() const {
-  return static_cast<int>(std::count_if(paths_.begin(), paths_.end(),
-                                        [](const Path& path) { return path.state == PathState::kLive; }));
-}
-
 int VerbsConnection::livePath(uint64_t k) const {
-  const int live = livePaths();
-  if (live == static_cast<int>(paths_.size())) return static_cast<int>(k % paths_.size());
-  if (live == 0) return -1;
-  uint64_t index = k % static_cast<uint64_t>(live);
+  if (allLive()) return static_cast<int>(k % paths_.size());
+  if (livePaths_ == 0) return -1;
+  uint64_t index = k % static_cast<uint64_t>(livePaths_);
   for (size_t p = 0; p < paths_.size(); ++p) {
     if (paths_[p].state != PathState::kLive) continue;
     if (index-- == 0) return static_cast<int>(p);
@@ -43,7 +37,9 @@ int VerbsConnection::livePath(uint64_t k) const {
   return -1;
 }
 
-std::string VerbsConnection::nicName(int path) const { return nics_[static_cast<size_t>(nicOf(path))]->port().info.name; }
+std::string VerbsConnection::nicName(int path) const {
+  return nics_[static_cast<size_t>(nicOf(path))]->port().info.name;
+}
 
 std::string VerbsConnection::liveNicNames() const {
   std::string names;
@@ -69,6 +65,7 @@ bool VerbsConnection::failPath(int path, const std::string& why, bool tellPeer) 
   Path& p = paths_[static_cast<size_t>(path)];
   if (p.state != PathState::kLive) return false;
   p.state = PathState::kDraining;
+  --livePaths_;
   p.why = why;
   p.downSince = std::chrono::steady_clock::now();
   p.counters->addFailure();
@@ -191,6 +188,7 @@ void VerbsConnection::connectPath(int path, const QpInfo& remote) {
   const uint64_t outMs = millisecondsSince(p.downSince);
   p.counters->addDegraded(outMs);
   p.state = PathState::kLive;
+  ++livePaths_;
   ++p.generation;
   p.probeInterval = std::chrono::milliseconds(0);
   // One WARN per event: the sender's (it probed); the receiver's side of it is INFO.

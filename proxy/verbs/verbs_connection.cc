@@ -23,6 +23,7 @@ VerbsConnection::VerbsConnection(std::vector<std::shared_ptr<VerbsDevice>> nics,
   }
   const int pathCount = std::max(static_cast<int>(nics_.size()), peerNics);
   paths_.resize(static_cast<size_t>(pathCount));
+  livePaths_ = pathCount;
   for (int p = 0; p < pathCount; ++p) {
     Path& path = paths_[static_cast<size_t>(p)];
     path.nic = p % static_cast<int>(nics_.size());

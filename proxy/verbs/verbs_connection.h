@@ -117,10 +117,13 @@ class VerbsConnection final : public QpEventSink, public MemoryRegistrar {
   void enableFailover() { failover_.store(paths_.size() > 1, std::memory_order_release); }
   bool failover() const { return failover_.load(std::memory_order_acquire); }
   PathState state(int path) const { return paths_[static_cast<size_t>(path)].state; }
+  // A change between the states a path is out in (kDraining .. kRenewing); failPath and connectPath go in and out.
   void setState(int path, PathState state) { paths_[static_cast<size_t>(path)].state = state; }
   bool live(int path) const { return state(path) == PathState::kLive; }
   uint32_t generation(int path) const { return paths_[static_cast<size_t>(path)].generation; }
-  int livePaths() const;
+  // Kept by failPath and connectPath, the only changes into or out of kLive: the data path asks on every message.
+  int livePaths() const { return livePaths_; }
+  bool allLive() const { return livePaths_ == static_cast<int>(paths_.size()); }
   // The (k mod n)-th of the n live paths: where new traffic goes; -1 when none is live.
   int livePath(uint64_t k) const;
   // Signaled work requests posted on a path and not yet completed, per direction of the work (send queue, receive
@@ -185,6 +188,7 @@ class VerbsConnection final : public QpEventSink, public MemoryRegistrar {
   std::vector<uint64_t> seenPortDowns_;  // per NIC, guarded by the comm's lock
   std::vector<uint64_t> seenPortUps_;
   std::atomic<bool> failover_{false};
+  int livePaths_ = 0;  // guarded by the comm's lock
   bool ready_ = false;
 };
 

@@ -27,6 +27,7 @@ VerbsRecvComm::VerbsRecvComm(std::vector<std::shared_ptr<VerbsDevice>> nics, int
   notices_.resize(qps * kNoticesPerQp);
   noticeRegion_ = connection_.registerMemory(notices_.data(), notices_.size() * sizeof(Notice), NCCL_PTR_HOST);
   ctsFrames_.resize(kRing * kClearToSendBytes);
+  ctsFrameBytes_.resize(kRing);
   ctsRegion_ = connection_.registerMemory(ctsFrames_.data(), ctsFrames_.size(), NCCL_PTR_HOST);
   // Posted before the QPs reach RTR, so no notice can arrive without a buffer.
   for (int path = 0; path < connection_.paths(); ++path) postNotices(path);
@@ -74,14 +75,9 @@ void VerbsRecvComm::postNotice(int path, int qpIndex, int bufferIndex) {
 }
 
 bool VerbsRecvComm::sendClearToSend(uint32_t recvId, const void* frame, size_t size) {
-  // The frame's staging slot belongs to this receive-ring entry, so it is free again by the time the entry is. Its
-  // size is kept in its first header's `size` field, which clear-to-sends leave unused (wire.h).
-  char* staged = &ctsFrames_[(recvId % kRing) * kClearToSendBytes];
-  memcpy(staged, frame, size);
-  protocol::FrameHeader header;
-  memcpy(&header, staged, sizeof(header));
-  header.size = size;
-  memcpy(staged, &header, sizeof(header));
+  // The frame's staging slot belongs to this receive-ring entry, so it is free again by the time the entry is.
+  memcpy(&ctsFrames_[(recvId % kRing) * kClearToSendBytes], frame, size);
+  ctsFrameBytes_[recvId % kRing] = static_cast<uint32_t>(size);
   unackedClearToSends_.push_back(recvId);
   // While the clear-to-send path moves, the frame waits its turn behind those to be sent again.
   if (!connection_.live(clearToSendPath_)) return !connection_.control().failed();
@@ -89,11 +85,9 @@ bool VerbsRecvComm::sendClearToSend(uint32_t recvId, const void* frame, size_t s
 }
 
 bool VerbsRecvComm::postClearToSend(uint32_t recvId) {
-  const char* staged = &ctsFrames_[(recvId % kRing) * kClearToSendBytes];
-  protocol::FrameHeader header;
-  memcpy(&header, staged, sizeof(header));
   const int path = clearToSendPath_;
-  ibv_sge sge{reinterpret_cast<uint64_t>(staged), static_cast<uint32_t>(header.size),
+  const uint32_t slot = recvId % kRing;
+  ibv_sge sge{reinterpret_cast<uint64_t>(&ctsFrames_[slot * kClearToSendBytes]), ctsFrameBytes_[slot],
               ctsRegion_->nic(connection_.nicOf(path)).lkey()};
   ibv_send_wr wr{};
   wr.wr_id = kClearToSendTag | recvId;

@@ -103,6 +103,7 @@ class VerbsRecvComm final : public RecvComm, private progress::Watched {
   std::unique_ptr<LinkRegion> noticeRegion_;
   static constexpr size_t kClearToSendBytes = 512;  // as the sender's buffers (verbs_send_comm.h)
   std::vector<char> ctsFrames_;  // one outgoing clear-to-send frame per receive-ring entry
+  std::vector<uint32_t> ctsFrameBytes_;  // its length, for sending it again when its path fails
   std::unique_ptr<LinkRegion> ctsRegion_;
   VerbsConnection connection_;
   Ring ring_;  // posted receives (protocol/receive_ring.h); touched under mutex_ only

@@ -10,7 +10,8 @@ namespace railnet::verbs {
 
 void VerbsRecvComm::advanceFailover() {
   connection_.watchPorts();
-  if (connection_.control().failed()) return;
+  // The usual case: nothing is out (a query takes its path out; clear-to-sends move only off a failed path).
+  if (connection_.control().failed() || connection_.allLive()) return;
   for (int path = 0; path < connection_.paths(); ++path) {
     if (connection_.state(path) == PathState::kDraining && connection_.drained(path)) connection_.markDown(path);
     if (queried_[static_cast<size_t>(path)] && connection_.state(path) == PathState::kDown) answerQuery(path);

@@ -19,7 +19,7 @@ std::chrono::steady_clock::time_point answerDeadline() {
 void VerbsSendComm::advanceFailover() {
   protocol::ControlChannel& control = connection_.control();
   connection_.watchPorts();
-  if (control.failed()) return;
+  if (control.failed() || connection_.allLive()) return;  // the usual case: nothing is out
   const auto now = std::chrono::steady_clock::now();
   bool awaitingAnswer = false;
   for (int path = 0; path < connection_.paths(); ++path) {

@@ -594,6 +594,31 @@ TEST_CASE("fusion", "nic_failback", Scope::PerVersionOwnLoad) {
 
 namespace conformance {
 
+namespace {
+// The links under the soft-RoCE guest's rxe0 and rxe1 (RAILNET_TEST_RXE_NETDEVS="veth0,veth1", set by
+// scripts/test.sh --rxe; SKIP elsewhere), set down and up by the verbs failover trials; both are up again when the
+// trial ends, however it ends.
+struct GuestLinks {
+  GuestLinks() {
+    const char* netdevs = std::getenv("RAILNET_TEST_RXE_NETDEVS");
+    if (netdevs == nullptr) SKIP("needs the soft-RoCE guest's links to fail (RAILNET_TEST_RXE_NETDEVS)");
+    const std::string list = netdevs;
+    netdev[0] = list.substr(0, list.find(','));
+    netdev[1] = list.substr(list.find(',') + 1);
+  }
+  ~GuestLinks() {
+    for (int nic = 0; nic < 2; ++nic) (void)!set(nic, true);
+  }
+  GuestLinks(const GuestLinks&) = delete;
+  GuestLinks& operator=(const GuestLinks&) = delete;
+  // ip link set <netdev of rxe<nic>> up|down; true when it worked.
+  bool set(int nic, bool up) const {
+    return std::system(("ip link set " + netdev[nic] + (up ? " up" : " down")).c_str()) == 0;
+  }
+  std::string netdev[2];
+};
+}  // namespace
+
 TEST_CASE("fusion", "verbs_path_failover", Scope::PerVersionOwnLoad) {
   // Verbs path failover (docs/failover.md "Verbs"): on a device fused from two soft-RoCE ports, the link under one
   // port goes down mid-transfer (ip link set down on its netdev: its QPs' work fails, the port's PORT_ERR event). The
@@ -604,20 +629,11 @@ TEST_CASE("fusion", "verbs_path_failover", Scope::PerVersionOwnLoad) {
   // RAILNET_TEST_PATH_FAILURES=N; tests/rxe/failover-campaign.sh) either, at random moments, for random times. Only
   // in the soft-RoCE guest, which names the ports' netdevs (scripts/test.sh --rxe).
   if (env.version < 12 || !verbsTransport()) return;
-  const char* netdevs = std::getenv("RAILNET_TEST_RXE_NETDEVS");  // "veth0,veth1": the netdevs under rxe0, rxe1
-  if (netdevs == nullptr) SKIP("needs the soft-RoCE guest's links to fail (RAILNET_TEST_RXE_NETDEVS)");
-  const std::string list = netdevs;
-  const std::string netdevOf[2] = {list.substr(0, list.find(',')), list.substr(list.find(',') + 1)};
+  const GuestLinks links;
   const char* failuresText = std::getenv("RAILNET_TEST_PATH_FAILURES");
   const int failures = std::max(2, failuresText != nullptr ? std::atoi(failuresText) : 2);
   const char* seedText = std::getenv("RAILNET_TEST_PATH_SEED");
   const uint64_t seed = seedText != nullptr ? std::strtoull(seedText, nullptr, 10) : 2000;
-  struct Restore {
-    const std::string* netdevs;
-    ~Restore() {
-      for (int nic = 0; nic < 2; ++nic) (void)!std::system(("ip link set " + netdevs[nic] + " up").c_str());
-    }
-  } restore{netdevOf};
   auto countWarnings = [](uint64_t since, const std::vector<std::string>& needles) {
     size_t count = 0;
     for (const LogRecord& record : warningsSince(since)) {
@@ -643,13 +659,12 @@ TEST_CASE("fusion", "verbs_path_failover", Scope::PerVersionOwnLoad) {
     for (int failure = 0; failure < failures; ++failure) {
       const int nic = failure == 0 ? 1 : failure == 1 ? 0 : static_cast<int>(rng() % 2);
       const std::string path = strf("path %d (", nic);
-      const std::string netdev = netdevOf[nic];
       const size_t failedBefore = countWarnings(mark, {path, "sent again over"});
       const size_t backBefore = countWarnings(mark, {path, "answers again"});
       const auto downAfter = std::chrono::milliseconds(100 + rng() % 700);  // while transfers run
       std::thread down([&] {
         std::this_thread::sleep_for(downAfter);
-        (void)!std::system(("ip link set " + netdev + " down").c_str());
+        (void)!links.set(nic, false);
       });
       struct Join {
         std::thread& thread;
@@ -667,7 +682,7 @@ TEST_CASE("fusion", "verbs_path_failover", Scope::PerVersionOwnLoad) {
       }
       REQUIRE(countWarnings(mark, {path, "answers again"}) == backBefore,
               "the path came back while its link was down; warnings:\n" + describeWarnings(mark));
-      REQUIRE(std::system(("ip link set " + netdev + " up").c_str()) == 0, "could not bring " + netdev + " up");
+      REQUIRE(links.set(nic, true), "could not bring " + links.netdev[nic] + " up");
       for (const Deadline deadline(std::chrono::seconds(30)); countWarnings(mark, {path, "answers again"}) == backBefore;
            deadline.check(("the return of " + path).c_str())) {
         transfer();
@@ -718,16 +733,7 @@ TEST_CASE("fusion", "verbs_all_paths_down", Scope::PerVersionOwnLoad) {
   // flight fail within 2 s with ncclRemoteError, and a WARN names the peer and the NICs tried (docs/failover.md
   // "Verbs"). Only in the soft-RoCE guest (scripts/test.sh --rxe).
   if (env.version < 12 || !verbsTransport()) return;
-  const char* netdevs = std::getenv("RAILNET_TEST_RXE_NETDEVS");
-  if (netdevs == nullptr) SKIP("needs the soft-RoCE guest's links to fail (RAILNET_TEST_RXE_NETDEVS)");
-  const std::string list = netdevs;
-  const std::string both = "ip link set " + list.substr(0, list.find(',')) + " down; ip link set " +
-                           list.substr(list.find(',') + 1) + " down";
-  struct Restore {
-    std::string command;
-    ~Restore() { (void)!std::system(command.c_str()); }
-  } restore{"ip link set " + list.substr(0, list.find(',')) + " up; ip link set " + list.substr(list.find(',') + 1) +
-            " up"};
+  const GuestLinks links;
   constexpr size_t kBytes = 64 * MiB;
   HostBuffer sendBuffer(kBytes), recvBuffer(kBytes);
   const uint64_t mark = logMark();
@@ -751,7 +757,7 @@ TEST_CASE("fusion", "verbs_all_paths_down", Scope::PerVersionOwnLoad) {
     threads.spawn([&] {
       std::this_thread::sleep_for(std::chrono::milliseconds(500));
       downAt = std::chrono::steady_clock::now();
-      REQUIRE(std::system(both.c_str()) == 0, "could not take the links down");
+      REQUIRE(links.set(0, false) && links.set(1, false), "could not take the links down");
       void* request = nullptr;
       for (Backoff backoff; !request; backoff.idle()) {
         deadline.check("isend of 64 MiB");
