@@ -106,14 +106,16 @@ inline constexpr int64_t kSizeMax = INT64_MAX;
     "fused device survives a NIC whose data streams fail (their chunks of sends not yet delivered go again over " \
     "the other NICs), and a single-NIC device moves to another NIC of its host when its own fails, and back "    \
     "when it answers; a fused verbs device survives a path whose QPs fail (the receiver says which chunks in "   \
-    "flight landed, the rest go again over the other paths; new QPs when its port is back) (docs/failover.md); " \
+    "flight landed, the rest go again over the other paths; new QPs when its port is back), and its control "   \
+    "socket is re-made off a failed or silent NIC (docs/failover.md); "                                          \
     "0: any of these failures fails the connection with ncclRemoteError. The sending side decides.")            \
   X(Int, failoverSilenceMs, "RAILNET_FAILOVER_SILENCE_MS", 2000, (100, kIntMax),                                 \
     "A TCP NIC whose sockets wait this long for an acknowledgement is taken out of the connection: a fused "    \
     "device's (while another NIC answers) sends its chunks again over the others, a single-NIC device moves to " \
     "another NIC (or fails within RAILNET_FAILOVER_RESUME_MS when none reaches the peer): a silent path, not a " \
     "slow peer, whose kernel acknowledges. A sender waiting for the receiver sends a keep-alive every quarter "  \
-    "of it, so a path silent one way is seen too.")                                                              \
+    "of it, so a path silent one way is seen too. A fused verbs sender's control socket silent this long while " \
+    "a path works is re-made through another NIC (a keep-alive every quarter of it while work is out).")        \
   X(Int, failoverProbes, "RAILNET_FAILOVER_PROBES", 0, (0, kIntMax),                                             \
     "Failback: a failed TCP NIC is probed (a fused device's: its data streams made again through it; a moved "   \
     "single-NIC connection's: its streams made again over its own NIC once its sends in flight are delivered; "  \

@@ -395,9 +395,10 @@ void ControlChannel::avoidNic(int nic) {
   if (nic >= 0 && nic < 64) avoidNics_ |= uint64_t{1} << nic;
 }
 
-void ControlChannel::cut() {
+void ControlChannel::cut(const std::string& why) {
   std::lock_guard<std::mutex> lock(outputMutex_);
   (void)shutdown(fd_.get(), SHUT_RDWR);
+  if (!why.empty()) lostLocked(why, FailureKind::kRemote);  // under the same lock: the socket cut is the one lost
 }
 
 ReconnectPlan ControlChannel::reconnectPlan(std::chrono::steady_clock::time_point deadline) const {

@@ -120,8 +120,9 @@ class ControlChannel final : private ResumeEndpoint {
   // Sending side: NIC n failed here; a re-made socket tries its address and the peer's NIC n last.
   void avoidNic(int nic);
   // Shut the socket down both ways (NIC 0 taken out of the connection, or RAILNET_FAULT_NIC_CUT of NIC 0): it is
-  // re-made, through another NIC when the plan has one.
-  void cut();
+  // re-made, through another NIC when the plan has one. `why`, when given, is the loss the re-made socket's WARN
+  // names (else the reader's view of the cut: "the peer closed").
+  void cut(const std::string& why = {});
   // Failback (the comm's, set before enableResume): where made-again data streams go (any thread: the session
   // service's), and, on the sending side, the ones that could not be made.
   using RejoinedHandler = std::function<void(int stream, Fd socket, uint32_t failure)>;

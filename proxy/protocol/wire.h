@@ -95,7 +95,8 @@ static_assert(sizeof(Hello) == 48);
 // docs/failover.md). Inline sends complete at once: their bytes are copied.
 // kFeatureResume: control frames are numbered and kept until acknowledged, so a broken control socket is re-made
 // and what the other side lacks is sent again (RAILNET_FAILOVER; docs/failover.md). The receiver answers with a
-// kSession frame naming where a re-made control socket goes.
+// kSession frame naming where a re-made control socket goes. Verbs asks for it with kFeaturePathFailover and numbers
+// frames from the end of the QP records (D94).
 inline constexpr uint32_t kFeatureDeliveredCompletion = 1;
 inline constexpr uint32_t kFeatureResume = 2;
 // kFeatureDataFailover (with both above): when a NIC's data streams fail, the sender sends their chunks of sends not

@@ -84,6 +84,7 @@ bool VerbsConnection::failPath(int path, const std::string& why, bool tellPeer) 
   RN_INFO(NCCL_NET, "NET/railnet: %s connection with %s: path %d (%s) taken out: %s", control_.direction(),
           control_.peerName().c_str(), path, nicName(path).c_str(), why.c_str());
   if (tellPeer) sendPathFrame(protocol::FrameType::kPathDown, path, nullptr, 0);
+  moveControlOff(path);
   if (livePaths() == 0) {
     std::string tried;
     for (size_t q = 0; q < paths_.size(); ++q) {
@@ -120,8 +121,7 @@ void VerbsConnection::sendPathFrame(protocol::FrameType type, int path, const vo
                                     uint32_t generation) {
   protocol::FrameHeader frame{static_cast<uint8_t>(type), static_cast<uint8_t>(path), 0,
                               generation == UINT32_MAX ? this->generation(path) : generation, bytes};
-  control_.send(&frame, sizeof(frame));
-  if (bytes > 0) control_.send(payload, bytes);
+  control_.send(&frame, sizeof(frame), payload, bytes);  // one call: a resumable channel logs whole frames
 }
 
 int VerbsConnection::framePath(const protocol::FrameHeader& frame, bool* current) {
@@ -192,10 +192,9 @@ void VerbsConnection::connectPath(int path, const QpInfo& remote) {
   ++p.generation;
   p.probeInterval = std::chrono::milliseconds(0);
   // One WARN per event: the sender's (it probed); the receiver's side of it is INFO.
-  const bool sender = strcmp(control_.direction(), "send") == 0;
   const char* format = "NET/railnet: %s connection with %s: path %d (%s) answers again %.1f s after it failed (probe "
                        "%llu): new QPs carry its traffic";
-  if (sender) {
+  if (sender_) {
     RN_WARN(format, control_.direction(), control_.peerName().c_str(), path, nicName(path).c_str(),
             static_cast<double>(outMs) / 1000.0, static_cast<unsigned long long>(p.probes));
   } else {
@@ -203,6 +202,7 @@ void VerbsConnection::connectPath(int path, const QpInfo& remote) {
             static_cast<double>(outMs) / 1000.0, static_cast<unsigned long long>(p.probes));
   }
   p.probes = 0;
+  if (sender_ && control_.resumable()) control_.stopAvoiding(p.nic);
 }
 
 }  // namespace railnet::verbs

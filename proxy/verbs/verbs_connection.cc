@@ -9,7 +9,11 @@ namespace railnet::verbs {
 
 VerbsConnection::VerbsConnection(std::vector<std::shared_ptr<VerbsDevice>> nics, int peerNics, protocol::Fd control,
                      const protocol::SocketAddress& peer, const char* direction, const QpOptions& options)
-    : nics_(std::move(nics)), control_(std::move(control), peer, direction), options_(options) {
+    : nics_(std::move(nics)),
+      control_(std::move(control), peer, direction),
+      options_(options),
+      peerNics_(peerNics),
+      sender_(strcmp(direction, "send") == 0) {
   if (nics_.empty() || nics_.size() > kMaxNics) {
     fail(ncclInternalError, "NET/railnet: a verbs connection over %zu NICs", nics_.size());
   }
@@ -80,6 +84,15 @@ bool VerbsConnection::ready() {
   } catch (const Error& error) {
     control_.recordFailure(error.what());
     return false;
+  }
+  // Numbering starts here at both ends: after the QP records, before any other frame (D94).
+  if (resumePlan_ && failover()) {
+    try {
+      control_.enableResume(*resumePlan_);
+    } catch (const Error& error) {
+      control_.recordFailure(error.what(), protocol::FailureKind::kLocal);
+      return false;
+    }
   }
   for (Path& path : paths_) {
     path.counters->addConnection(nics_[static_cast<size_t>(path.nic)]->port().info.railId, path.qps->remoteRail());

@@ -10,11 +10,13 @@
 #include <atomic>
 #include <chrono>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "proxy/nic_counters.h"
 #include "proxy/protocol/control_channel.h"
+#include "proxy/protocol/host_silence.h"
 #include "proxy/verbs/queue_pairs.h"
 
 namespace railnet::verbs {
@@ -65,6 +67,7 @@ class VerbsConnection final : public QpEventSink, public MemoryRegistrar {
   int nics() const { return static_cast<int>(nics_.size()); }
   int paths() const { return static_cast<int>(paths_.size()); }
   int nicOf(int path) const { return paths_[static_cast<size_t>(path)].nic; }
+  int peerNicOf(int path) const { return path % peerNics_; }
   QueuePairs& qps(int path) { return *paths_[static_cast<size_t>(path)].qps; }
   VerbsDevice& device(int nic) { return *nics_[static_cast<size_t>(nic)]; }
   std::shared_ptr<VerbsDevice> devicePtr(int nic) const { return nics_[static_cast<size_t>(nic)]; }
@@ -164,6 +167,25 @@ class VerbsConnection final : public QpEventSink, public MemoryRegistrar {
   const std::string& whyDown(int path) const { return paths_[static_cast<size_t>(path)].why; }
   std::string liveNicNames() const;
 
+  // ---- the resumable control channel (control_failover.cc; docs/failover.md "Verbs", D94); comm's lock ----
+  // With path failover on, the control socket is resumable as TCP's is (D87): frames are numbered from the end of
+  // the QP handshake, and the sender re-makes the socket over another pair of NICs when a path through its NIC fails
+  // or it falls silent, so across hosts NIC 0's failure costs a path, not the connection. The comm plans it before
+  // the handshake ends; ready() turns it on when failover is on.
+  // silenceLimit: RAILNET_FAILOVER_SILENCE_MS, for watchControl.
+  void planResume(const protocol::ResumeOptions& options, std::chrono::milliseconds silenceLimit) {
+    resumePlan_ = options;
+    controlSilenceLimit_ = silenceLimit;
+  }
+  // Sender: a failed path's NICs are tried last by a re-made control socket; a socket that runs through them is
+  // re-made at once.
+  void moveControlOff(int path);
+  // Sender, from its data path and the watchdog (at most every eighth of the silence limit): a kAck every quarter of
+  // it while busy (`workStarted`, the work requests it ever started, moved since the last look, or `waiting`: work in
+  // flight or a path out), so a control socket whose path went silent holds unacknowledged bytes; a socket that
+  // waited the limit for an acknowledgement while a path still works is re-made through another pair of NICs.
+  void watchControl(uint64_t workStarted, bool waiting);
+
  private:
   struct Path {
     int nic = 0;
@@ -190,6 +212,13 @@ class VerbsConnection final : public QpEventSink, public MemoryRegistrar {
   std::atomic<bool> failover_{false};
   int livePaths_ = 0;  // guarded by the comm's lock
   bool ready_ = false;
+  int peerNics_ = 1;
+  bool sender_ = false;
+  std::optional<protocol::ResumeOptions> resumePlan_;
+  std::chrono::milliseconds controlSilenceLimit_{2000};
+  protocol::AckSilence controlSilence_;                  // guarded by the comm's lock
+  std::chrono::steady_clock::time_point nextControlLook_;  // guarded by the comm's lock
+  uint64_t workAtLastLook_ = 0;                           // guarded by the comm's lock
 };
 
 }  // namespace railnet::verbs

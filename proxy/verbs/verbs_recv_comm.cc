@@ -10,9 +10,13 @@
 namespace railnet::verbs {
 
 VerbsRecvComm::VerbsRecvComm(std::vector<std::shared_ptr<VerbsDevice>> nics, int peerNics, protocol::Fd control,
-                             const protocol::SocketAddress& peer, const QpOptions& options, bool failover)
+                             const protocol::SocketAddress& peer, const QpOptions& options, bool failover,
+                             const protocol::ResumeOptions* resume)
     : connection_(std::move(nics), peerNics, std::move(control), peer, "receive", options) {
   if (failover) connection_.enableFailover();
+  if (failover && resume != nullptr) {
+    connection_.planResume(*resume, std::chrono::milliseconds(settings().failoverSilenceMs));
+  }
   const auto paths = static_cast<size_t>(connection_.paths());
   carriedNotice_.assign(paths, true);
   queries_.resize(paths);
@@ -197,18 +201,28 @@ void VerbsRecvComm::pollCompletions() {
 void VerbsRecvComm::pumpControl() {
   protocol::ControlChannel& control = connection_.control();
   if (controlClosed_ || !control.flush()) return;
+  // A resumable channel (D94) is read under its input lock, so a re-made socket replaces the old one between frames;
+  // its read() reports a broken socket itself (the sender re-makes it) and returns 0.
+  std::unique_lock<std::mutex> input;
+  if (control.resumable()) input = control.lockInput();
   for (;;) {
-    while (control.size() >= sizeof(protocol::FrameHeader)) {
+    while (control.size() >= sizeof(protocol::FrameHeader) && !control.failed()) {
       protocol::FrameHeader frame;
       memcpy(&frame, control.data(), sizeof(frame));
       // After the QP handshake the control channel carries oversize notices (receive_ring.h) and, with failover,
-      // path frames with their payload.
+      // path frames with their payload, and the sender's kAck frames when it is resumable.
+      if (control.resumable() && frame.type == static_cast<uint8_t>(protocol::FrameType::kAck)) {
+        control.consume(sizeof(frame));
+        if (!control.acknowledged(static_cast<uint32_t>(frame.size))) return;
+        continue;
+      }
       if (frame.type == static_cast<uint8_t>(protocol::FrameType::kOversize)) {
         control.consume(sizeof(frame));
         if (!ring_.applyOversize(frame, control.peerName())) {
           control.recordFailure("protocol error: an oversize notice for a receive that is not posted");
           return;
         }
+        if (control.resumable()) control.framesProcessed(1);
         continue;
       }
       if (!connection_.failover() || frame.size > kMaxPathFramePayload) {
@@ -220,7 +234,9 @@ void VerbsRecvComm::pumpControl() {
       std::vector<char> payload(control.data() + sizeof(frame), control.data() + sizeof(frame) + frame.size);
       control.consume(sizeof(frame) + frame.size);
       if (!applyPathFrame(frame, payload.data())) return;
+      if (control.resumable()) control.framesProcessed(1);
     }
+    if (control.failed()) return;
     ssize_t got = control.read();
     if (got == 0) return;
     if (got == protocol::kEndOfStream) {

@@ -43,7 +43,8 @@ class VerbsRecvComm final : public RecvComm, private progress::Watched {
   // nics: the device's NICs (one unless fused); peerNics: the sender's (PeerInfo::nicCount); failover: the sender
   // asked for path failover (wire.h kFeaturePathFailover; on with two or more paths).
   VerbsRecvComm(std::vector<std::shared_ptr<VerbsDevice>> nics, int peerNics, protocol::Fd control,
-                const protocol::SocketAddress& peer, const QpOptions& options, bool failover = false);
+                const protocol::SocketAddress& peer, const QpOptions& options, bool failover = false,
+                const protocol::ResumeOptions* resume = nullptr);
   ~VerbsRecvComm() override;
 
   ncclResult_t irecv(int n, void** data, const size_t* sizes, const int* tags, MemoryRegion** mrs,

@@ -18,7 +18,7 @@ constexpr uint64_t kStripeAlign = 128;
 
 VerbsSendComm::VerbsSendComm(std::vector<std::shared_ptr<VerbsDevice>> nics, int peerNics, protocol::Fd control,
                              const protocol::SocketAddress& peer, const QpOptions& options, uint64_t minStripeBytes,
-                             const std::optional<HopPlan>& hop, bool failover)
+                             const std::optional<HopPlan>& hop, bool failover, const protocol::ResumeOptions* resume)
     : connection_(std::move(nics), peerNics, std::move(control), peer, "send", options),
       requests_(kSendRequests, [this](VerbsSendRequest& request) { request.setOwner(this); }),
       minStripeBytes_(minStripeBytes) {
@@ -30,6 +30,7 @@ VerbsSendComm::VerbsSendComm(std::vector<std::shared_ptr<VerbsDevice>> nics, int
   if (failover && !hop) {
     connection_.enableFailover();
     posted_.dropRepeatedReceives();
+    if (resume != nullptr) connection_.planResume(*resume, std::chrono::milliseconds(settings().failoverSilenceMs));
   }
   eagerHeaders_.resize(kSendRequests);
   for (int i = static_cast<int>(kSendRequests) - 1; i >= 0; --i) freeEagerSlots_.push_back(i);
@@ -85,6 +86,10 @@ void VerbsSendComm::postClearToSendBuffer(int path, size_t index) {
 void VerbsSendComm::pumpControl() {
   protocol::ControlChannel& control = connection_.control();
   if (!control.flush()) return;
+  // A resumable channel (D94) is read under its input lock, so a re-made socket replaces the old one between frames;
+  // its read() reports a broken socket itself (it is re-made) and returns 0.
+  std::unique_lock<std::mutex> input;
+  if (control.resumable()) input = control.lockInput();
   ssize_t got = control.read();
   if (got == protocol::kEndOfStream) {
     control.recordFailure("the receiver closed the connection");
@@ -94,7 +99,8 @@ void VerbsSendComm::pumpControl() {
     control.recordSocketFailure("control connection", got);
     return;
   }
-  // After the QP handshake only path failover's frames come this way (clear-to-sends come by RDMA).
+  // After the QP handshake only path failover's frames come this way (clear-to-sends come by RDMA), and with a
+  // resumable channel the receiver's kSession and kAck frames.
   while (control.size() >= sizeof(protocol::FrameHeader) && !control.failed()) {
     if (!connection_.failover()) {
       control.recordFailure("protocol error: unexpected bytes on the control connection");
@@ -102,6 +108,11 @@ void VerbsSendComm::pumpControl() {
     }
     protocol::FrameHeader frame;
     memcpy(&frame, control.data(), sizeof(frame));
+    if (control.resumable() && frame.type == static_cast<uint8_t>(protocol::FrameType::kAck)) {
+      control.consume(sizeof(frame));
+      if (!control.acknowledged(static_cast<uint32_t>(frame.size))) return;
+      continue;
+    }
     if (frame.size > kMaxPathFramePayload) {
       control.recordFailure("protocol error: a path frame of " + std::to_string(frame.size) + " bytes");
       return;
@@ -109,7 +120,12 @@ void VerbsSendComm::pumpControl() {
     if (control.size() < sizeof(frame) + frame.size) return;
     std::vector<char> payload(control.data() + sizeof(frame), control.data() + sizeof(frame) + frame.size);
     control.consume(sizeof(frame) + frame.size);
-    if (!applyPathFrame(frame, payload.data())) return;
+    if (control.resumable() && frame.type == static_cast<uint8_t>(protocol::FrameType::kSession)) {
+      if (!control.sessionListeners(payload.data(), payload.size(), frame.extraKeys)) return;
+    } else if (!applyPathFrame(frame, payload.data())) {
+      return;
+    }
+    if (control.resumable()) control.framesProcessed(1);
   }
 }
 
@@ -170,6 +186,7 @@ void VerbsSendComm::pollCompletions() {
 }
 
 uint32_t VerbsSendComm::newWork() {
+  ++workStarted_;
   if (freeWork_.empty()) {
     work_.emplace_back();
     return static_cast<uint32_t>(work_.size() - 1);
@@ -514,13 +531,15 @@ ncclResult_t VerbsSendComm::testRequest(VerbsSendRequest* request, int* done, in
 }
 
 void VerbsSendComm::watchPaths(progress::WatchClock::time_point, std::chrono::milliseconds) noexcept {
-  // Rail failover's look: a path's query and probes go on while NCCL has nothing to call this comm for.
+  // Rail failover's look: a path's query and probes go on while NCCL has nothing to call this comm for, and the
+  // control socket is watched for silence (D94).
   if (!connection_.failover()) return;
   std::unique_lock<std::mutex> lock(mutex_, std::try_to_lock);
   if (!lock.owns_lock() || connection_.control().failed() || !connection_.ready()) return;
   try {
     pollCompletions();
     advanceFailover();
+    pumpControl();
   } catch (...) {  // bad_alloc: the data path's next call goes on from here
   }
 }

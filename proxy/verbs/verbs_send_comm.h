@@ -53,7 +53,8 @@ class VerbsSendComm final : public SendComm, private progress::Watched {
   // failover: the connection asked for path failover (wire.h kFeaturePathFailover; on with two or more paths).
   VerbsSendComm(std::vector<std::shared_ptr<VerbsDevice>> nics, int peerNics, protocol::Fd control,
                 const protocol::SocketAddress& peer, const QpOptions& options, uint64_t minStripeBytes,
-                const std::optional<HopPlan>& hop = std::nullopt, bool failover = false);
+                const std::optional<HopPlan>& hop = std::nullopt, bool failover = false,
+                const protocol::ResumeOptions* resume = nullptr);
   ~VerbsSendComm() override;
 
   ncclResult_t isend(void* data, size_t size, int tag, MemoryRegion* mr, Request** request) noexcept override;
@@ -184,6 +185,7 @@ class VerbsSendComm final : public SendComm, private progress::Watched {
   std::vector<char> ctsBuffers_;  // paths x kClearToSendBuffers
   std::vector<SentWork> work_;        // guarded by mutex_
   std::vector<uint32_t> freeWork_;    // guarded by mutex_
+  uint64_t workStarted_ = 0;          // guarded by mutex_: newWork() calls, ever (the control socket's watch)
   std::unique_ptr<LinkRegion> ctsRegion_;
   std::unique_ptr<LinkRegion> eagerRegion_;
   VerbsConnection connection_;

@@ -19,6 +19,8 @@ std::chrono::steady_clock::time_point answerDeadline() {
 void VerbsSendComm::advanceFailover() {
   protocol::ControlChannel& control = connection_.control();
   connection_.watchPorts();
+  // The control socket's silence (D94): a clock read per call, a look every eighth of the limit.
+  connection_.watchControl(workStarted_, freeWork_.size() != work_.size() || !connection_.allLive());
   if (control.failed() || connection_.allLive()) return;  // the usual case: nothing is out
   const auto now = std::chrono::steady_clock::now();
   bool awaitingAnswer = false;

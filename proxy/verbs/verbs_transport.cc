@@ -22,18 +22,23 @@
 namespace railnet::verbs {
 namespace {
 
-// Where a port's connections meet out of band: the IPv4 address inside its RoCE v2 GID when it has one
-// (the RDMA port's own IP), else the first interface RAILNET_IFNAME selects (InfiniBand without IPoIB).
-protocol::SocketAddress rendezvousAddress(const VerbsPort& port) {
+// The RDMA port's own IP: the IPv4 address inside its RoCE v2 GID, when it has one.
+std::optional<protocol::SocketAddress> portAddress(const VerbsPort& port) {
+  if (port.gidIndex < 0 || !gidIsIpv4Mapped(port.gid)) return std::nullopt;
   protocol::SocketAddress address;
-  if (port.gidIndex >= 0 && gidIsIpv4Mapped(port.gid)) {
-    sockaddr_in in{};
-    in.sin_family = AF_INET;
-    memcpy(&in.sin_addr, port.gid.raw + 12, 4);
-    memcpy(&address.storage, &in, sizeof(in));
-    address.length = sizeof(in);
-    return address;
-  }
+  sockaddr_in in{};
+  in.sin_family = AF_INET;
+  memcpy(&in.sin_addr, port.gid.raw + 12, 4);
+  memcpy(&address.storage, &in, sizeof(in));
+  address.length = sizeof(in);
+  return address;
+}
+
+// Where a port's connections meet out of band: the port's own IP when it has one, else the first interface
+// RAILNET_IFNAME selects (InfiniBand without IPoIB).
+protocol::SocketAddress rendezvousAddress(const VerbsPort& port) {
+  if (std::optional<protocol::SocketAddress> own = portAddress(port)) return *own;
+  protocol::SocketAddress address;
   const Settings& config = settings();
   std::vector<topo::NetInterface> interfaces = topo::discoverInterfaces(config.ifname, config.socketFamily);
   if (interfaces.empty()) {
@@ -233,18 +238,39 @@ class VerbsTransport final : public Transport {
     // Path failover (docs/failover.md "Verbs"): asked by the sender, on for connections of two or more paths. A
     // hopping sender keeps its staging pieces' failures fatal.
     const bool failover = settings().failover != 0 && !hop;
-    if (failover) options.features |= protocol::kFeaturePathFailover;
+    if (failover) options.features |= protocol::kFeaturePathFailover | protocol::kFeatureResume;
+    // Its control channel is resumable too (D94): re-made sockets leave from and arrive at the ports' own IPs, one per
+    // NIC, NIC 0 first; a port without one (InfiniBand) leaves the choice to the kernel and the control socket's
+    // address.
+    protocol::ResumeOptions resume;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      for (size_t nic : nics) {
+        if (std::optional<protocol::SocketAddress> own = portAddress(ports_[nic])) resume.locals.push_back(*own);
+      }
+    }
+    if (resume.locals.size() != nics.size()) resume.locals.clear();
+    resume.stream = options.stream;
+    resume.limit = std::chrono::milliseconds(settings().failoverResumeMs);
+    resume.cutEvery = static_cast<uint32_t>(settings().faultControlCut);
     QpOptions qp = qpOptions_;
     uint64_t minStripe = minStripeBytes_;
-    options.makeSendComm = [this, nics, qp, minStripe, hop, failover](protocol::Fd control, std::vector<protocol::Fd>,
-                                                                       const protocol::PeerInfo& peer) {
+    options.makeSendComm = [this, nics, qp, minStripe, hop, failover, resume](
+                               protocol::Fd control, std::vector<protocol::Fd>, const protocol::PeerInfo& peer) {
+      protocol::ResumeOptions session = resume;
+      session.key = peer.session;
       return std::unique_ptr<SendComm>(new VerbsSendComm(openPorts(nics), peer.nicCount, std::move(control), peer.peer,
-                                                         qp, minStripe, hop, failover));
+                                                         qp, minStripe, hop, failover, &session));
     };
-    options.makeRecvComm = [this, nics, qp](protocol::Fd control, std::vector<protocol::Fd>,
-                                                      const protocol::PeerInfo& peer) {
+    options.makeRecvComm = [this, nics, qp, resume](protocol::Fd control, std::vector<protocol::Fd>,
+                                                    const protocol::PeerInfo& peer) {
+      protocol::ResumeOptions session = resume;
+      session.acceptor = true;
+      session.key = peer.session;
+      const bool resumable = (peer.features & protocol::kFeatureResume) != 0;
       return std::unique_ptr<RecvComm>(new VerbsRecvComm(openPorts(nics), peer.nicCount, std::move(control), peer.peer,
-                                                         qp, (peer.features & protocol::kFeaturePathFailover) != 0));
+                                                         qp, (peer.features & protocol::kFeaturePathFailover) != 0,
+                                                         resumable ? &session : nullptr));
     };
     return options;
   }

@@ -19,6 +19,7 @@
 
 #include "comms.h"
 #include "harness.h"
+#include "fusion_load.h"
 #include "log_capture.h"
 #include "silenced_address.h"
 #include "transfer.h"
@@ -30,86 +31,12 @@ constexpr size_t kDefaultMinStripe = 256 * KiB;  // RAILNET_FUSION_MIN_STRIPE_BY
 constexpr size_t kInlineBytes = 64 * KiB;         // RAILNET_TCP_INLINE_BYTES' default
 constexpr size_t kEagerBytes = 224;               // verbs: a message this small travels inside its notice
 
-// This pass's own load of the plugin (fusion state is per load), its API, and its raw makeVDevice.
-struct FusionLoad {
-  explicit FusionLoad(const TestEnv& env) : library(options().plugin), net(openApi(library, env.version)) {
-    REQUIRE(net != nullptr, "symbol vanished on reload");
-    raw = library.symbol(symbolName(env.version).c_str());
-  }
-  // makeVDevice through the version's own table and props struct; returns the result, *d the new index.
-  ncclResult_t makeVDevice(int version, const std::vector<int>& devs, int* d) const {
-    auto fill = [&](auto& props) {
-      constexpr int kMax = static_cast<int>(sizeof(props.devs) / sizeof(props.devs[0]));
-      props.ndevs = static_cast<int>(devs.size());
-      for (int i = 0; i < static_cast<int>(devs.size()) && i < kMax; ++i) props.devs[i] = devs[static_cast<size_t>(i)];
-    };
-    switch (version) {
-      case 9: { ncclNetVDeviceProps_v9_t p{}; fill(p); return static_cast<ncclNet_v9_t*>(raw)->makeVDevice(d, &p); }
-      case 10: { ncclNetVDeviceProps_v10_t p{}; fill(p); return static_cast<ncclNet_v10_t*>(raw)->makeVDevice(d, &p); }
-      case 11: { ncclNetVDeviceProps_v11_t p{}; fill(p); return static_cast<ncclNet_v11_t*>(raw)->makeVDevice(d, &p); }
-      case 12: { ncclNetVDeviceProps_v12_t p{}; fill(p); return static_cast<ncclNet_v12_t*>(raw)->makeVDevice(d, &p); }
-      default: fail(__FILE__, __LINE__, strf("v%d has no makeVDevice", version));
-    }
-  }
-  PluginLibrary library;
-  std::unique_ptr<NetApi> net;
-  void* raw = nullptr;
-};
-
 int maxChildren(int version) { return version >= 12 ? 8 : 4; }
-
-int deviceCount(NetApi& net) {
-  int n = 0;
-  REQUIRE_OK(net.devices(&n));
-  return n;
-}
-
-// The physical devices that serve as rails, in device order: the loopback rails on TCP, every RDMA port on
-// verbs. At least two.
-std::vector<int> railDevices(NetApi& net) {
-  std::vector<int> rails;
-  const int n = deviceCount(net);
-  const bool verbs = verbsTransport();
-  for (int dev = 0; dev < n; ++dev) {
-    DeviceProps props;
-    REQUIRE_OK(net.getProperties(dev, &props));
-    const bool loopbackRail = props.name != nullptr && std::strncmp(props.name, "lo@127.0.", 9) == 0;
-    if (props.vNdevs == 1 && (verbs || loopbackRail)) rails.push_back(dev);
-  }
-  if (verbs) {
-    REQUIRE(rails.size() >= 2, strf("found %zu RDMA ports; verbs fusion needs two (tests/rxe/run-in-guest.sh "
-                                    "--rxe-count 2)", rails.size()));
-  } else {
-    REQUIRE(rails.size() >= 3, strf("found %zu devices named lo@127.0.*; run with "
-                                    "RAILNET_TCP_ADDRESSES=127.0.1.1,127.0.2.1,127.0.3.1", rails.size()));
-  }
-  return rails;
-}
-
-// Up to three rails for the parts that fuse "all" NICs.
-std::vector<int> upToThree(const std::vector<int>& rails) {
-  return std::vector<int>(rails.begin(), rails.begin() + static_cast<std::ptrdiff_t>(std::min<size_t>(3, rails.size())));
-}
 
 bool crossNicWorks() {
   const char* value = std::getenv("RAILNET_TEST_CROSS_NIC");
   return value == nullptr || std::strcmp(value, "0") != 0;
 }
-
-int fuse(const FusionLoad& load, int version, const std::vector<int>& devs) {
-  const int before = deviceCount(*load.net);
-  int d = -1;
-  REQUIRE_OK(load.makeVDevice(version, devs, &d));
-  REQUIRE(d == before, strf("the virtual device got index %d; NCCL expects it after the %d existing ones", d, before));
-  REQUIRE(deviceCount(*load.net) == before + 1, "devices() must count the new virtual device");
-  return d;
-}
-
-// One NIC's counters as logged at the last close ("NET/railnet: NIC <nic> rail <r>: sent X B, received Y B,
-// N connection(s), M cross-rail, K routed here from another rail's device").
-struct NicLine {
-  unsigned long long sent = 0, received = 0, connections = 0, crossRail = 0, routed = 0, hopped = 0;
-};
 
 // Whether a connection from one rail's device to a NIC on another rail is routed to this host's NIC on that rail
 // (RAILNET_FORWARD; docs/design.md "Routes"). Verbs ports that take GPU memory route only through the NVLink hop,
@@ -121,31 +48,6 @@ bool routesAcrossRails(NetApi& net, int dev) {
   DeviceProps props;
   REQUIRE_OK(net.getProperties(dev, &props));
   return props.ptrSupport == NCCL_PTR_HOST;
-}
-
-std::map<std::string, NicLine> nicLinesSince(uint64_t mark) {
-  std::map<std::string, NicLine> out;
-  for (const LogRecord& record : recordsSince(mark, NCCL_LOG_INFO)) {
-    const std::string prefix = "NET/railnet: NIC ";
-    const size_t at = record.text.find(prefix);
-    if (at == std::string::npos) continue;
-    const std::string rest = record.text.substr(at + prefix.size());
-    const size_t space = rest.find(' ');
-    NicLine line;
-    int rail = 0;
-    if (std::sscanf(rest.c_str() + space,
-                    " rail %d: sent %llu B, received %llu B, %llu connection(s), %llu cross-rail, %llu routed",
-                    &rail, &line.sent, &line.received, &line.connections, &line.crossRail, &line.routed) != 6) {
-      fail(__FILE__, __LINE__, "unparsable NIC counter line: " + record.text);
-    }
-    // ", H B of them over an NVLink hop": only on a NIC that sent through the verbs hop.
-    if (const size_t comma = rest.find("routed here from another rail's device, "); comma != std::string::npos) {
-      std::sscanf(rest.c_str() + comma, "routed here from another rail's device, %llu B of them over an NVLink hop",
-                  &line.hopped);
-    }
-    out[rest.substr(0, space)] = line;  // the latest line of each NIC wins
-  }
-  return out;
 }
 
 // Counters after `body` minus before, per NIC, read from the lines logged when the last comm closed.
@@ -455,19 +357,6 @@ TEST_CASE("fusion", "nvlink_hop_host_staging", Scope::PerVersionOwnLoad) {
 
 namespace conformance {
 
-namespace {
-// A load of the plugin of its own (its settings read at init) with one device fused from three rails (two where only
-// two exist), for the failover trials.
-struct FusedLoad {
-  explicit FusedLoad(const TestEnv& env)
-      : load(env), ctx(*load.net, nextCommId()), device(fuse(load, env.version, upToThree(railDevices(*load.net)))) {}
-  NetApi& net() { return *load.net; }
-  FusionLoad load;
-  NetContext ctx;
-  int device;
-};
-}  // namespace
-
 TEST_CASE("fusion", "nic_failure", Scope::PerVersionOwnLoad) {
   // Rail failover on a fused TCP device (docs/failover.md): the data streams of one NIC are cut mid-transfer
   // (RAILNET_FAULT_NIC_CUT, a test feature standing in for a NIC that fails). The sender sends that NIC's chunks of
@@ -592,193 +481,3 @@ TEST_CASE("fusion", "nic_failback", Scope::PerVersionOwnLoad) {
 
 }  // namespace conformance
 
-namespace conformance {
-
-namespace {
-// The links under the soft-RoCE guest's rxe0 and rxe1 (RAILNET_TEST_RXE_NETDEVS="veth0,veth1", set by
-// scripts/test.sh --rxe; SKIP elsewhere), set down and up by the verbs failover trials; both are up again when the
-// trial ends, however it ends.
-struct GuestLinks {
-  GuestLinks() {
-    const char* netdevs = std::getenv("RAILNET_TEST_RXE_NETDEVS");
-    if (netdevs == nullptr) SKIP("needs the soft-RoCE guest's links to fail (RAILNET_TEST_RXE_NETDEVS)");
-    const std::string list = netdevs;
-    netdev[0] = list.substr(0, list.find(','));
-    netdev[1] = list.substr(list.find(',') + 1);
-  }
-  ~GuestLinks() {
-    for (int nic = 0; nic < 2; ++nic) (void)!set(nic, true);
-  }
-  GuestLinks(const GuestLinks&) = delete;
-  GuestLinks& operator=(const GuestLinks&) = delete;
-  // ip link set <netdev of rxe<nic>> up|down; true when it worked.
-  bool set(int nic, bool up) const {
-    return std::system(("ip link set " + netdev[nic] + (up ? " up" : " down")).c_str()) == 0;
-  }
-  std::string netdev[2];
-};
-}  // namespace
-
-TEST_CASE("fusion", "verbs_path_failover", Scope::PerVersionOwnLoad) {
-  // Verbs path failover (docs/failover.md "Verbs"): on a device fused from two soft-RoCE ports, the link under one
-  // port goes down mid-transfer (ip link set down on its netdev: its QPs' work fails, the port's PORT_ERR event). The
-  // path through it is taken out, the receiver says which of its chunks in flight landed, the rest go again over the
-  // other path, and every message arrives intact; while the link is down no probe brings the path back; once it is up
-  // (PORT_ACTIVE) the path is made again with new QPs and carries traffic. One connection through every failure:
-  // NIC 1's port first, then NIC 0's (whose path also carries the clear-to-sends), then (the long form,
-  // RAILNET_TEST_PATH_FAILURES=N; tests/rxe/failover-campaign.sh) either, at random moments, for random times. Only
-  // in the soft-RoCE guest, which names the ports' netdevs (scripts/test.sh --rxe).
-  if (env.version < 12 || !verbsTransport()) return;
-  const GuestLinks links;
-  const char* failuresText = std::getenv("RAILNET_TEST_PATH_FAILURES");
-  const int failures = std::max(2, failuresText != nullptr ? std::atoi(failuresText) : 2);
-  const char* seedText = std::getenv("RAILNET_TEST_PATH_SEED");
-  const uint64_t seed = seedText != nullptr ? std::strtoull(seedText, nullptr, 10) : 2000;
-  auto countWarnings = [](uint64_t since, const std::vector<std::string>& needles) {
-    size_t count = 0;
-    for (const LogRecord& record : warningsSince(since)) {
-      bool all = true;
-      for (const std::string& needle : needles) all = all && record.text.find(needle) != std::string::npos;
-      count += all ? 1 : 0;
-    }
-    return count;
-  };
-  const uint64_t mark = logMark();
-  std::mt19937_64 rng(seed);
-  size_t messages = 0;
-  {
-    FusedLoad fused(env);
-    NetApi& net = fused.net();
-    LinkedPair pair(net, fused.device);
-    auto transfer = [&] {
-      std::vector<size_t> sizes;
-      for (int i = 0; i < 16; ++i) sizes.push_back(randomSize(rng, std::min(options().maxSize, 512 * KiB)));
-      runTransfer(net, pair.conn, simplePlan(sizes, 8, rng()));
-      messages += sizes.size();
-    };
-    for (int failure = 0; failure < failures; ++failure) {
-      const int nic = failure == 0 ? 1 : failure == 1 ? 0 : static_cast<int>(rng() % 2);
-      const std::string path = strf("path %d (", nic);
-      const size_t failedBefore = countWarnings(mark, {path, "sent again over"});
-      const size_t backBefore = countWarnings(mark, {path, "answers again"});
-      const auto downAfter = std::chrono::milliseconds(100 + rng() % 700);  // while transfers run
-      std::thread down([&] {
-        std::this_thread::sleep_for(downAfter);
-        (void)!links.set(nic, false);
-      });
-      struct Join {
-        std::thread& thread;
-        ~Join() { thread.join(); }
-      } join{down};
-      for (const Deadline deadline(std::chrono::seconds(30)); countWarnings(mark, {path, "sent again over"}) == failedBefore;
-           deadline.check(("the failure of " + path + "to be handled").c_str())) {
-        transfer();
-      }
-      // The first two keep the link down for two seconds, where the first probe would come at one: none may bring
-      // the path back. Later ones: 0.2 to 3 s.
-      const auto downFor = std::chrono::milliseconds(failure < 2 ? 2000 : 200 + rng() % 2800);
-      for (const auto since = std::chrono::steady_clock::now(); std::chrono::steady_clock::now() - since < downFor;) {
-        transfer();
-      }
-      REQUIRE(countWarnings(mark, {path, "answers again"}) == backBefore,
-              "the path came back while its link was down; warnings:\n" + describeWarnings(mark));
-      REQUIRE(links.set(nic, true), "could not bring " + links.netdev[nic] + " up");
-      for (const Deadline deadline(std::chrono::seconds(30)); countWarnings(mark, {path, "answers again"}) == backBefore;
-           deadline.check(("the return of " + path).c_str())) {
-        transfer();
-      }
-    }
-    // Back: both paths carry a transfer again.
-    runTransfer(net, pair.conn, simplePlan(std::vector<size_t>(8, 2 * MiB), 4, rng()));
-  }
-  std::string others;
-  for (const LogRecord& record : warningsSince(mark)) {
-    const std::string& text = record.text;
-    const bool expected = text.find("async event") != std::string::npos ||
-                          text.find("sent again over") != std::string::npos ||
-                          text.find("answers again") != std::string::npos;
-    if (!expected) others += text + "\n";
-  }
-  REQUIRE(others.empty(), "unexpected WARNs:\n" + others);
-  // Both NICs carried the last transfer: 16 MiB striped over two paths.
-  const std::map<std::string, NicLine> lines = nicLinesSince(mark);
-  for (const char* nic : {"rxe0", "rxe1"}) {
-    REQUIRE(lines.count(nic) == 1 && lines.at(nic).sent >= 4 * MiB, strf("%s sent too little in all", nic));
-  }
-  // What the sender's WARNs say the receiver answered: chunks asked about, those it lacked (sent again), their bytes.
-  unsigned long long asked = 0, lacked = 0, resentBytes = 0;
-  for (const LogRecord& record : warningsSince(mark)) {
-    const size_t at = record.text.find("the receiver lacked ");
-    unsigned long long missing = 0, of = 0, bytes = 0;
-    if (at != std::string::npos &&
-        std::sscanf(record.text.c_str() + at, "the receiver lacked %llu of %llu chunks in flight on it, %llu B",
-                    &missing, &of, &bytes) == 3) {
-      lacked += missing;
-      asked += of;
-      resentBytes += bytes;
-    }
-  }
-  std::printf("verbs path failover: %d failures (seed %llu), %zu checksummed messages and the last 16 MiB, all "
-              "arrived; %llu chunks in flight on failed paths, %llu of them missing and sent again (%llu B), %llu "
-              "had landed\n", failures, static_cast<unsigned long long>(seed), messages, asked, lacked, resentBytes,
-              asked - lacked);
-}
-
-}  // namespace conformance
-
-namespace conformance {
-
-TEST_CASE("fusion", "verbs_all_paths_down", Scope::PerVersionOwnLoad) {
-  // Every path of a fused verbs connection gone (both ports' links down mid-transfer): the send and the receive in
-  // flight fail within 2 s with ncclRemoteError, and a WARN names the peer and the NICs tried (docs/failover.md
-  // "Verbs"). Only in the soft-RoCE guest (scripts/test.sh --rxe).
-  if (env.version < 12 || !verbsTransport()) return;
-  const GuestLinks links;
-  constexpr size_t kBytes = 64 * MiB;
-  HostBuffer sendBuffer(kBytes), recvBuffer(kBytes);
-  const uint64_t mark = logMark();
-  std::chrono::steady_clock::time_point downAt;
-  {
-    FusedLoad fused(env);
-    NetApi& net = fused.net();
-    LinkedPair pair(net, fused.device);
-    Registration sendReg(net, pair.conn.send.get(), sendBuffer.data(), kBytes);
-    Registration recvReg(net, pair.conn.recv.get(), recvBuffer.data(), kBytes);
-    ncclResult_t sendResult = ncclSuccess, recvResult = ncclSuccess;
-    std::chrono::steady_clock::time_point sendFailed, recvFailed;
-    ThreadGroup threads;
-    const Deadline deadline(std::chrono::seconds(30));
-    // A receive waits for its message; the links go once its clear-to-send is with the sender, which then sends.
-    threads.spawn([&] {
-      void* request = postRecv(net, pair.conn.recv.get(), recvBuffer.data(), kBytes, recvReg.handle(), deadline);
-      recvResult = waitRequest(net, request, nullptr, deadline);
-      recvFailed = std::chrono::steady_clock::now();
-    });
-    threads.spawn([&] {
-      std::this_thread::sleep_for(std::chrono::milliseconds(500));
-      downAt = std::chrono::steady_clock::now();
-      REQUIRE(links.set(0, false) && links.set(1, false), "could not take the links down");
-      void* request = nullptr;
-      for (Backoff backoff; !request; backoff.idle()) {
-        deadline.check("isend of 64 MiB");
-        sendResult = net.isend(pair.conn.send.get(), sendBuffer.data(), kBytes, 0, sendReg.handle(), &request);
-        if (sendResult != ncclSuccess) break;
-      }
-      if (request != nullptr) sendResult = waitRequest(net, request, nullptr, deadline);
-      sendFailed = std::chrono::steady_clock::now();
-    });
-    threads.join();
-    auto after = [&](std::chrono::steady_clock::time_point at) { return std::chrono::duration<double>(at - downAt).count(); };
-    REQUIRE(sendResult == ncclRemoteError && recvResult == ncclRemoteError,
-            strf("the send ended with %d and the receive with %d; expected ncclRemoteError (%d) for both",
-                 static_cast<int>(sendResult), static_cast<int>(recvResult), static_cast<int>(ncclRemoteError)));
-    REQUIRE(after(sendFailed) < 2.0 && after(recvFailed) < 2.0,
-            strf("the send failed %.1f s and the receive %.1f s after the links went down; 2 s allowed",
-                 after(sendFailed), after(recvFailed)));
-  }
-  REQUIRE(waitForWarning(mark, {"send connection with", "every path failed (NICs tried: rxe0, rxe1)"},
-                         std::chrono::seconds(1)),
-          "no WARN named the NICs tried; warnings:\n" + describeWarnings(mark));
-}
-
-}  // namespace conformance
