@@ -2,10 +2,11 @@
 // its data. It carries the handshake's follow-up (verbs QP records), clear-to-sends and inline messages (TCP),
 // oversize notices (both), and its end-of-stream is the quickest sign that the peer process is gone. It also
 // holds the connection's first failure, which every later call reports.
-// A resumable channel (TCP with RAILNET_FAILOVER, wire.h kFeatureResume) outlives its socket: frames are numbered
-// and kept in a replay log until the peer acknowledges them; when the socket breaks, the sending side re-makes it
-// through the SessionService, each side sends again what the other has not processed, and the connection fails
-// only when no socket is re-made within RAILNET_FAILOVER_RESUME_MS (docs/failover.md, "The session layer").
+// A resumable channel (TCP with RAILNET_FAILOVER, verbs with path failover: wire.h kFeatureResume) outlives its
+// socket: frames are numbered and kept in a replay log until the peer acknowledges them; when the socket breaks, the
+// sending side re-makes it through the SessionService, each side sends again what the other has not processed, and
+// the connection fails only when no socket is re-made within RAILNET_FAILOVER_RESUME_MS (docs/failover.md, "The
+// session layer").
 #pragma once
 
 #include <sys/uio.h>
