@@ -1,5 +1,6 @@
 #include "proxy/protocol/clear_to_send.h"
 
+#include <algorithm>
 #include <cstring>
 
 namespace railnet::protocol {
@@ -57,11 +58,6 @@ long ClearToSendQueue::parse(const char* data, size_t size, std::string* why, Co
     const size_t keyBytes = size_t{frame.slot} * frame.extraKeys * sizeof(uint32_t);
     size_t total = sizeof(FrameHeader) + entryBytes + keyBytes;
     if (size - used < total) break;
-    if (dropRepeats_ && static_cast<int32_t>(frame.recvId - nextRecvId_) < 0) {
-      used += total;
-      continue;
-    }
-    nextRecvId_ = frame.recvId + 1;
     // A receiver has at most its ring's receives posted (protocol/receive_ring.h: 64): more is a broken or hostile
     // peer, and would grow this queue without bound.
     if (posted_.size() >= kMaxPostedReceives) {
@@ -78,11 +74,40 @@ long ClearToSendQueue::parse(const char* data, size_t size, std::string* why, Co
       memcpy(receive.extraKeys[i], keys + size_t(i) * frame.extraKeys * sizeof(uint32_t),
              frame.extraKeys * sizeof(uint32_t));
     }
-    posted_.push_back(receive);
+    if (dropRepeats_) {
+      if (!admit(receive, why)) return -1;
+    } else {
+      posted_.push_back(receive);
+    }
     ++events->numbered;
     used += total;
   }
   return static_cast<long>(used);
+}
+
+bool ClearToSendQueue::admit(const PostedReceive& receive, std::string* why) {
+  const auto distance = [this](uint32_t recvId) { return static_cast<int32_t>(recvId - nextRecvId_); };
+  if (distance(receive.recvId) < 0) return true;  // a repeat of one announced
+  if (distance(receive.recvId) > 0) {
+    auto at = std::find_if(ahead_.begin(), ahead_.end(),
+                           [&](const PostedReceive& held) { return distance(held.recvId) >= distance(receive.recvId); });
+    if (at != ahead_.end() && at->recvId == receive.recvId) return true;  // held already
+    if (ahead_.size() >= kMaxPostedReceives) {
+      *why = "protocol error: more than " + std::to_string(kMaxPostedReceives) + " clear-to-sends ahead of receive " +
+             std::to_string(nextRecvId_);
+      return false;
+    }
+    ahead_.insert(at, receive);
+    return true;
+  }
+  posted_.push_back(receive);
+  ++nextRecvId_;
+  while (!ahead_.empty() && ahead_.front().recvId == nextRecvId_) {
+    posted_.push_back(ahead_.front());
+    ahead_.pop_front();
+    ++nextRecvId_;
+  }
+  return true;
 }
 
 std::optional<ClearToSendQueue::Destination> ClearToSendQueue::claim(int tag) {

@@ -54,8 +54,13 @@ class ClearToSendQueue {
   std::optional<Destination> claim(int tag);
   bool empty() const { return posted_.empty(); }
   // Verbs path failover: a receiver sends again, in order, the clear-to-sends whose SEND failed with a path, some of
-  // which may have arrived; one naming a receive already announced is then dropped.
+  // which may have arrived; one naming a receive already announced is then dropped. And they come over several
+  // paths, whose completion queues the sender reads one after another: a clear-to-send sent again over the new path
+  // may be read before the original of an earlier one that arrived on the old path. One that names a receive beyond
+  // the next is kept aside until the receives before it are announced: matching sends to receives needs them in
+  // order, and every receive's clear-to-send arrives, first time or again.
   void dropRepeatedReceives() { dropRepeats_ = true; }
+  size_t heldAhead() const { return ahead_.size(); }
   // The tags of buffers still open, for a stalled sender's warning.
   std::string openTags() const;
 
@@ -69,9 +74,13 @@ class ClearToSendQueue {
     int extraKeyCount;
     uint8_t usedMask;
   };
+  // With dropRepeats_: takes a clear-to-send in order, parks one ahead of the next, drops a repeat. False (why set)
+  // when more are held than a receiver can have posted.
+  bool admit(const PostedReceive& receive, std::string* why);
   std::deque<PostedReceive> posted_;
   bool dropRepeats_ = false;
-  uint32_t nextRecvId_ = 0;  // with dropRepeats_: the receive the next new clear-to-send names
+  uint32_t nextRecvId_ = 0;            // with dropRepeats_: the receive the next new clear-to-send names
+  std::deque<PostedReceive> ahead_;    // with dropRepeats_: beyond nextRecvId_, in recvId order
 };
 
 }  // namespace railnet::protocol

@@ -126,13 +126,17 @@ void VerbsDevice::handleAsyncEvent(const ibv_async_event& event) {
   }
 }
 
-VerbsDevice::~VerbsDevice() {
+void VerbsDevice::stopEvents() {
   stopping_.store(true, std::memory_order_release);
   uint64_t one = 1;
   if (write(wakeFd_, &one, sizeof(one)) < 0) {
     // Cannot happen for an eventfd below its maximum; the poll timeout still ends the thread within a second.
   }
-  asyncThread_.join();
+  if (asyncThread_.joinable()) asyncThread_.join();
+}
+
+VerbsDevice::~VerbsDevice() {
+  stopEvents();
   close(wakeFd_);
   registrations_.clear();
   api_.deallocPd(pd_);

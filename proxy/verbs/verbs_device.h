@@ -28,6 +28,10 @@ class VerbsDevice : public std::enable_shared_from_this<VerbsDevice> {
   // when the device is gone. The destructor stops the thread at once (an eventfd wakes its poll).
   VerbsDevice(const IbvApi& api, const VerbsPort& port);
   ~VerbsDevice();
+  // Stops and joins the async-event thread (the destructor does too; idempotent). The transport calls it when it is
+  // destroyed (the plugin unloads) while something still holds the device: memory registered and never deregistered.
+  // The thread runs the plugin's code, which the unload unmaps.
+  void stopEvents();
   VerbsDevice(const VerbsDevice&) = delete;
   VerbsDevice& operator=(const VerbsDevice&) = delete;
 

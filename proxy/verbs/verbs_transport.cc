@@ -69,6 +69,18 @@ class VerbsTransport final : public Transport {
     railGpus_.resize(ports_.size());
   }
 
+  // The plugin unloads. A device still open here is held by memory registered and never deregistered (or a comm never
+  // closed): its async-event thread must not outlive the code it runs.
+  ~VerbsTransport() override {
+    for (size_t index = 0; index < devices_.size(); ++index) {
+      if (std::shared_ptr<VerbsDevice> device = devices_[index].lock()) {
+        RN_WARN("NET/railnet: unloading while %s is still held (memory registered and never deregistered, or a comm "
+                "never closed); its async-event thread stops now", ports_[index].info.name.c_str());
+        device->stopEvents();
+      }
+    }
+  }
+
   const char* name() const noexcept override { return "verbs"; }
   int deviceCount() const noexcept override {
     std::lock_guard<std::mutex> lock(mutex_);

@@ -478,19 +478,30 @@ TEST_CASE("host_loss", "silent_path_after_last_send", Scope::PerVersion) {
 // Verbs: only the RDMA path goes dark while the control connection keeps answering (an RoCE route black-holed,
 // the out-of-band network fine). The child sender's RDMA writes go unacknowledged, so its RC QP retries
 // (RAILNET_IB_TIMEOUT, RAILNET_IB_RETRY_CNT) and its work request fails; the parent's receive fails with it.
+// The child must still be writing when the silence is in place. Taking the bridge port away takes up to a second or
+// two under TCG, and soft-RoCE writes 16 MiB in about half a second there: with --max-size's 16 MiB the child had
+// sometimes finished its message, had nothing in flight, and waited for a clear-to-send that never came (the
+// parent's own retries failed it). So the trial sends 256 MiB (over 5 s at soft-RoCE's rate) whatever --max-size
+// says, and checks that the message was still arriving when the silence was complete.
 TEST_CASE("host_loss", "silent_rdma_path", Scope::PerVersion) {
   skipUnlessHeavy(env);
   if (!verbsTransport()) SKIP("verbs only (TCP: silent_path_one_stream)");
-  FromChildSender from(env);
+  FromChildSender from(env, size_t{256} << 20);
   NetApi& net = from.net;
   auto post = [&](void** request) { return from.post(request); };
 
   void* request = from.receiveOneThenPost();
   const uint64_t mark = logMark();
   const SilencedHost silenced(0, from.where.childBridgePort);
-  ncclResult_t code = ncclSuccess;
-  const Clock::time_point failedAt = timeOfFailure(net, request, post, silenced.window().complete,
-                                                   rdmaRetryTime() + std::chrono::seconds(20), &code);
+  int arrived = 0;
+  ncclResult_t code = net.test(request, &arrived, nullptr);
+  REQUIRE(code != ncclSuccess || !arrived,
+          strf("the child's message had all arrived by the time the silence was in place (%.1f s to set up): nothing "
+               "was in flight to fail its retries", secondsBetween(silenced.window().begins, silenced.window().complete)));
+  const Clock::time_point failedAt =
+      code != ncclSuccess ? Clock::now()
+                          : timeOfFailure(net, request, post, silenced.window().complete,
+                                          rdmaRetryTime() + std::chrono::seconds(20), &code);
   requireFailedInTime(silenced.window(), failedAt, code, "receiver", rdmaRetryTime());
   REQUIRE(waitForWarning(mark, {from.where.addressPrefix, "failed"}, std::chrono::seconds(2)),
           "no WARN names the peer; warnings:\n" + describeWarnings(mark));

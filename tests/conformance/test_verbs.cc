@@ -195,4 +195,33 @@ TEST_CASE("verbs", "async_thread_and_counters", Scope::Once) {
   }
 }
 
+TEST_CASE("verbs", "unload_with_registration_held", Scope::Once) {
+  // A caller that unloads the plugin with memory still registered (it closed its comms but never called deregMr):
+  // the registration holds the port's device, whose async-event thread runs the plugin's code. The unload must stop
+  // that thread (D95): before, it crashed the process in unmapped code within a second. Now no such thread is left,
+  // the process lives on, and a WARN names the port.
+  if (isMapped(options().plugin)) SKIP("the plugin is loaded elsewhere in this process: it would not unload");
+  const uint64_t mark = logMark();
+  const int before = countThreads("rn-verbs-async");
+  static HostBuffer leaked(kSize);  // registered for good: it outlives the test
+  {
+    PluginLibrary library(*env.pluginPath);
+    std::unique_ptr<NetApi> net = openApi(library, library.newestVersion());
+    LinkedPair pair(*net, 0);
+    if (!verbsLoaded(mark)) SKIP("verbs only: the TCP transport's registrations hold no thread");
+    void* mhandle = nullptr;
+    REQUIRE_OK(net->regMr(pair.conn.send.get(), leaked.data(), kSize, NCCL_PTR_HOST, &mhandle));
+  }  // the comms close, the plugin unloads; the registration is never released
+  // The thread's poll wakes every second: had it survived the unload, it would have crashed by now.
+  std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+  int after = countThreads("rn-verbs-async");
+  for (int i = 0; i < 200 && after != before; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    after = countThreads("rn-verbs-async");
+  }
+  REQUIRE(after == before, strf("%d async-event threads after the unload, %d before", after, before));
+  REQUIRE(waitForWarning(mark, {"unloading while", "is still held"}, std::chrono::seconds(1)),
+          "no WARN named the device still held at the unload; warnings:\n" + describeWarnings(mark));
+}
+
 }  // namespace conformance

@@ -227,3 +227,46 @@ TEST_CASE("verbs path failover: a clear-to-send sent again is dropped, a new one
   while (plain.claim(1)) ++count;
   CHECK(count == 4);
 }
+
+TEST_CASE("verbs path failover: a clear-to-send read ahead of an earlier one waits for it", "[matching]") {
+  // The sender reads its paths' completion queues one after another: a clear-to-send sent again over the new path
+  // (receive 2) can be read before the original of receive 1, which arrived on the old path first. Sends must still
+  // match receives in order (a send matched to the wrong receive lands with the wrong size: the campaign's bug).
+  ClearToSendQueue queue;
+  queue.dropRepeatedReceives();
+  std::vector<char> bytes;
+  appendFrame(&bytes, 0, {{1, 100}});
+  appendFrame(&bytes, 2, {{1, 300}});  // sent again over path 0, read first
+  appendFrame(&bytes, 3, {{1, 400}});  // new, over path 0
+  feed(&queue, bytes);
+  auto first = queue.claim(1);
+  REQUIRE(first);
+  CHECK(first->capacity == 100);
+  CHECK(!queue.claim(1));  // receive 1 is not announced yet: 2 and 3 wait
+  CHECK(queue.heldAhead() == 2);
+  bytes.clear();
+  appendFrame(&bytes, 1, {{1, 200}});  // the original, read from path 1's queue
+  appendFrame(&bytes, 2, {{1, 300}});  // the original of the one sent again
+  feed(&queue, bytes);
+  CHECK(queue.heldAhead() == 0);
+  for (uint64_t capacity : {200u, 300u, 400u}) {
+    auto next = queue.claim(1);
+    REQUIRE(next);
+    CHECK(next->capacity == capacity);
+  }
+  CHECK(queue.empty());
+}
+
+TEST_CASE("verbs path failover: clear-to-sends held ahead are bounded", "[matching]") {
+  ClearToSendQueue queue;
+  queue.dropRepeatedReceives();
+  std::string why;
+  long result = 0;
+  for (uint32_t recvId = 1; recvId < 1000 && result >= 0; ++recvId) {
+    std::vector<char> bytes;
+    appendFrame(&bytes, recvId, {{1, 100}});
+    result = queue.parse(bytes.data(), bytes.size(), &why);
+  }
+  CHECK(result == -1);
+  CHECK(why.find("ahead of receive 0") != std::string::npos);
+}
