@@ -363,6 +363,13 @@ bool ControlChannel::acknowledged(uint32_t processed) {
   return false;
 }
 
+bool ControlChannel::takeAck(const FrameHeader& frame) {
+  if (!resumable_ || frame.type != static_cast<uint8_t>(FrameType::kAck)) return false;
+  consume(sizeof(frame));
+  (void)acknowledged(static_cast<uint32_t>(frame.size));  // a bad count is recorded: the caller sees failed()
+  return true;
+}
+
 bool ControlChannel::sessionListeners(const char* entries, size_t size, size_t connectionNics) {
   std::vector<SocketAddress> targets;
   for (size_t at = 0; at + kSessionEntryBytes <= size; at += kSessionEntryBytes) {

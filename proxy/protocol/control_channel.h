@@ -100,6 +100,9 @@ class ControlChannel final : private ResumeEndpoint {
   void keepAlive(std::chrono::steady_clock::time_point now, std::chrono::milliseconds interval);
   // The peer's kAck: it processed our frames before `processed`. False on a count out of range (failure recorded).
   bool acknowledged(uint32_t processed);
+  // Readers that parse frames themselves (verbs): a resumable channel's kAck at the head of the input is consumed
+  // and applied; true when `frame` (that head) was one.
+  bool takeAck(const FrameHeader& frame);
   // The sending side's kSession frame: the receiver's session listeners, `size` bytes of kSessionEntryBytes each, the
   // first `connectionNics` of them (0: all) on the connection's own NICs.
   bool sessionListeners(const char* entries, size_t size, size_t connectionNics);

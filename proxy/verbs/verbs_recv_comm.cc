@@ -211,11 +211,7 @@ void VerbsRecvComm::pumpControl() {
       memcpy(&frame, control.data(), sizeof(frame));
       // After the QP handshake the control channel carries oversize notices (receive_ring.h) and, with failover,
       // path frames with their payload, and the sender's kAck frames when it is resumable.
-      if (control.resumable() && frame.type == static_cast<uint8_t>(protocol::FrameType::kAck)) {
-        control.consume(sizeof(frame));
-        if (!control.acknowledged(static_cast<uint32_t>(frame.size))) return;
-        continue;
-      }
+      if (control.takeAck(frame)) continue;  // the loop stops on a bad count (failed)
       if (frame.type == static_cast<uint8_t>(protocol::FrameType::kOversize)) {
         control.consume(sizeof(frame));
         if (!ring_.applyOversize(frame, control.peerName())) {

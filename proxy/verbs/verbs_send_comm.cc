@@ -108,11 +108,7 @@ void VerbsSendComm::pumpControl() {
     }
     protocol::FrameHeader frame;
     memcpy(&frame, control.data(), sizeof(frame));
-    if (control.resumable() && frame.type == static_cast<uint8_t>(protocol::FrameType::kAck)) {
-      control.consume(sizeof(frame));
-      if (!control.acknowledged(static_cast<uint32_t>(frame.size))) return;
-      continue;
-    }
+    if (control.takeAck(frame)) continue;  // the loop stops on a bad count (failed)
     if (frame.size > kMaxPathFramePayload) {
       control.recordFailure("protocol error: a path frame of " + std::to_string(frame.size) + " bytes");
       return;
