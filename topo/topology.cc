@@ -7,11 +7,13 @@
 #include <cstring>
 #include <fstream>
 #include <memory>
+#include <optional>
 
 #include "base/cuda_driver.h"
 #include "railnet/error.h"
 #include "railnet/log.h"
 #include "topo/hwloc_api.h"
+#include "topo/route.h"
 
 namespace railnet::topo {
 namespace {
@@ -297,6 +299,26 @@ Topology loadTopology(const std::string& xmlFile) {
   });
   if (live && !result.gpus.empty()) assignCudaOrdinals(&result);
   return result;
+}
+
+std::vector<int> sparesNearest(const std::vector<std::string>& pciPaths, int dev,
+                               const std::function<bool(int)>& eligible) {
+  constexpr int kUnknownDistance = static_cast<int>(PathType::SYS) + 1;
+  auto location = [&](int index) -> std::optional<PciLocation> {
+    const std::string& path = pciPaths[static_cast<size_t>(index)];
+    if (path.empty()) return std::nullopt;
+    try {
+      return locationFromSysfsPath(path);
+    } catch (const std::exception&) {
+      return std::nullopt;
+    }
+  };
+  const std::optional<PciLocation> from = location(dev);
+  const auto distance = [&](int, int to) {
+    const std::optional<PciLocation> there = location(to);
+    return from && there ? static_cast<int>(classify(*from, *there)) : kUnknownDistance;
+  };
+  return spareOrder(static_cast<int>(pciPaths.size()), dev, distance, eligible);
 }
 
 }  // namespace railnet::topo

@@ -4,6 +4,7 @@
 // docs/topology.md explains the rules.
 #pragma once
 
+#include <functional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -88,5 +89,11 @@ Topology loadSysfsTopology(const std::string& root);
 
 // A PCI function's place from its sysfs device path ("/sys/devices/pci0000:10/0000:10:01.0/.../0000:15:00.0").
 PciLocation locationFromSysfsPath(const std::string& path);
+
+// Rail failover (docs/failover.md "Single-NIC devices"): the devices a single-NIC connection of device `dev` may move
+// to, nearest first by the class of the PCI path between them (pciPaths: each device's sysfs path, empty when unknown;
+// unknown ranks last), then by index. `eligible` admits a candidate.
+std::vector<int> sparesNearest(const std::vector<std::string>& pciPaths, int dev,
+                               const std::function<bool(int)>& eligible);
 
 }  // namespace railnet::topo

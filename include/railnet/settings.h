@@ -107,7 +107,8 @@ inline constexpr int64_t kSizeMax = INT64_MAX;
     "the other NICs), and a single-NIC device moves to another NIC of its host when its own fails, and back "    \
     "when it answers; a fused verbs device survives a path whose QPs fail (the receiver says which chunks in "   \
     "flight landed, the rest go again over the other paths; new QPs when its port is back), and its control "   \
-    "socket is re-made off a failed or silent NIC (docs/failover.md); "                                          \
+    "socket is re-made off a failed or silent NIC; a single-NIC verbs device moves to a standby path on its "   \
+    "host's nearest other port, and back when its own answers (docs/failover.md); "                              \
     "0: any of these failures fails the connection with ncclRemoteError. The sending side decides.")            \
   X(Int, failoverSilenceMs, "RAILNET_FAILOVER_SILENCE_MS", 2000, (100, kIntMax),                                 \
     "A TCP NIC whose sockets wait this long for an acknowledgement is taken out of the connection: a fused "    \

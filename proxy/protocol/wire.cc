@@ -36,6 +36,7 @@ uint64_t frameLength(const FrameHeader& header) {
     case FrameType::kPathQuery:
     case FrameType::kPathAnswer:
     case FrameType::kPathRenew:
+    case FrameType::kPathReady:
       return sizeof(FrameHeader) + header.size;
     case FrameType::kOversize:
     case FrameType::kDone:

@@ -117,8 +117,14 @@ inline constexpr uint32_t kFeatureStandIn = 16;
 // chunks on them landed and sends the rest over the other paths; a failed path is made again with new QPs when its
 // NIC answers (kPathDown, kPathQuery, kPathAnswer, kPathRenew frames; clear-to-sends move off a failed path).
 inline constexpr uint32_t kFeaturePathFailover = 32;
+// kFeatureStandbyPath (verbs, with kFeaturePathFailover, between two single-NIC devices): the connection has one more
+// path than its NICs give, its standby, on each host's nearest other NIC of the same kind (or its own NIC when it has
+// none). It carries nothing until every other path has failed; then the sender makes it (kPathRenew), and hands the
+// traffic back once the original path answers again (docs/failover.md "Single-NIC devices on verbs", D96).
+inline constexpr uint32_t kFeatureStandbyPath = 64;
 inline constexpr uint32_t kKnownFeatures = kFeatureDeliveredCompletion | kFeatureResume | kFeatureDataFailover |
-                                           kFeatureMove | kFeatureStandIn | kFeaturePathFailover;
+                                           kFeatureMove | kFeatureStandIn | kFeaturePathFailover |
+                                           kFeatureStandbyPath;
 
 // Checks a hello against the listener's secret; returns nullptr when valid, else why not.
 const char* validateHello(const Hello& hello, const uint64_t secret[2]);
@@ -132,7 +138,7 @@ const char* validateHello(const Hello& hello, const uint64_t secret[2]);
 // every other frame is, in sending order from 0.
 enum class FrameType : uint8_t {
   kClearToSend = 1, kInline = 2, kOversize = 3, kDone = 4, kAck = 5, kResume = 6, kSession = 7, kNicFailed = 8,
-  kPathDown = 9, kPathQuery = 10, kPathAnswer = 11, kPathRenew = 12
+  kPathDown = 9, kPathQuery = 10, kPathAnswer = 11, kPathRenew = 12, kPathReady = 13
 };
 // Verbs path failover (kFeaturePathFailover; docs/failover.md "Verbs"), on the verbs control socket. In each, slot is
 // the path and recvId its generation (how many times it was made again), so a frame about an earlier incarnation of
@@ -143,11 +149,16 @@ enum class FrameType : uint8_t {
 // - kPathAnswer (receiver -> sender): one byte per queried header, 1 when its bytes are placed (or its receive
 //   finished), 0 when missing; only missing chunks are sent again, so a copy never lands in a finished buffer.
 // - kPathRenew: sender -> receiver, the path's new QP record (QpInfo); the answer carries the receiver's record,
-//   or no payload when it cannot take the path back yet (its NIC is down, or the path still drains).
+//   or no payload when it cannot take the path back yet (its NIC is down, or the path still drains); a refusal
+//   because its NIC is down says so with kRenewPortDown in extraKeys.
+// - kPathReady (sender -> receiver, no payload): the sender's new QPs of the path are at RTS, so the receiver may send
+//   its clear-to-sends there (before, one could arrive at a QP not yet ready and wait for the transport's retry).
 // kNicFailed (sender -> receiver, kFeatureDataFailover): the sender took its NIC `slot` out, for the recvId-th time
 // (its failures are counted per NIC); the receiver shuts that NIC's streams down, so a chunk still arriving on them
 // cannot land after its copy did. A data stream made again after that failure carries the same count in its
 // kRejoin hello (resumeProcessed), so a late kNicFailed never shuts the new streams.
+
+inline constexpr uint16_t kRenewPortDown = 1;
 
 struct FrameHeader {
   uint8_t type;    // FrameType

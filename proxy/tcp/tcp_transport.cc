@@ -200,23 +200,10 @@ class TcpTransport final : public Transport {
   // Rail failover for a single-NIC device (docs/failover.md "Single-NIC devices"): the host's other physical NICs
   // of the same address family (and loopback-ness), nearest first by their PCI paths. Caller holds mutex_.
   std::vector<int> sparesFor(int dev) const {
-    constexpr int kUnknownDistance = static_cast<int>(topo::PathType::SYS) + 1;
-    auto location = [&](int index) -> std::optional<topo::PciLocation> {
-      const std::string& path = devices_[static_cast<size_t>(index)].pciPath;
-      if (path.empty()) return std::nullopt;
-      try {
-        return topo::locationFromSysfsPath(path);
-      } catch (const std::exception&) {
-        return std::nullopt;
-      }
-    };
-    const std::optional<topo::PciLocation> from = location(dev);
-    const auto distance = [&](int, int to) {
-      const std::optional<topo::PciLocation> there = location(to);
-      return from && there ? static_cast<int>(topo::classify(*from, *there)) : kUnknownDistance;
-    };
+    std::vector<std::string> pciPaths;
+    for (size_t index = 0; index < nics_.size(); ++index) pciPaths.push_back(devices_[index].pciPath);
     const Nic& own = nics_[static_cast<size_t>(dev)];
-    std::vector<int> order = topo::spareOrder(static_cast<int>(nics_.size()), dev, distance, [&](int candidate) {
+    std::vector<int> order = topo::sparesNearest(pciPaths, dev, [&](int candidate) {
       const Nic& nic = nics_[static_cast<size_t>(candidate)];
       return nic.address.storage.ss_family == own.address.storage.ss_family && nic.loopback == own.loopback;
     });

@@ -22,12 +22,12 @@ uint64_t millisecondsSince(std::chrono::steady_clock::time_point since) {
 
 VerbsConnection::~VerbsConnection() {
   for (Path& path : paths_) {
-    if (path.state != PathState::kLive) path.counters->addDegraded(millisecondsSince(path.downSince));
+    if (path.state != PathState::kLive && !path.standby) path.counters->addDegraded(millisecondsSince(path.downSince));
   }
 }
 
 int VerbsConnection::livePath(uint64_t k) const {
-  if (allLive()) return static_cast<int>(k % paths_.size());
+  if (livePaths_ == static_cast<int>(paths_.size())) return static_cast<int>(k % paths_.size());
   if (livePaths_ == 0) return -1;
   uint64_t index = k % static_cast<uint64_t>(livePaths_);
   for (size_t p = 0; p < paths_.size(); ++p) {
@@ -37,8 +37,24 @@ int VerbsConnection::livePath(uint64_t k) const {
   return -1;
 }
 
+bool VerbsConnection::nicInUse(int nic) const {
+  for (const Path& path : paths_) {
+    if (path.nic == nic && !path.resting) return true;
+  }
+  return false;
+}
+
 std::string VerbsConnection::nicName(int path) const {
   return nics_[static_cast<size_t>(nicOf(path))]->port().info.name;
+}
+
+std::string VerbsConnection::triedNicNames() const {
+  std::string tried;
+  for (size_t p = 0; p < paths_.size(); ++p) {
+    const std::string name = nicName(static_cast<int>(p));
+    if (tried.find(name) == std::string::npos) tried += (tried.empty() ? "" : ", ") + name;
+  }
+  return tried;
 }
 
 std::string VerbsConnection::liveNicNames() const {
@@ -64,11 +80,13 @@ void VerbsConnection::failedCompletion(int path, const ibv_wc& completion) {
 bool VerbsConnection::failPath(int path, const std::string& why, bool tellPeer) {
   Path& p = paths_[static_cast<size_t>(path)];
   if (p.state != PathState::kLive) return false;
+  // The standby hands its traffic back to a path made again: no failure (D96).
+  p.retiring = p.standby && livePaths_ > 1;
   p.state = PathState::kDraining;
   --livePaths_;
   p.why = why;
   p.downSince = std::chrono::steady_clock::now();
-  p.counters->addFailure();
+  if (!p.retiring) p.counters->addFailure();
   // The error state completes every work request the QPs hold (flushed) and stops their traffic: nothing of this
   // path lands after its chunks are sent again elsewhere.
   const IbvApi& api = device(p.nic).api();
@@ -81,17 +99,32 @@ bool VerbsConnection::failPath(int path, const std::string& why, bool tellPeer) 
       return true;
     }
   }
-  RN_INFO(NCCL_NET, "NET/railnet: %s connection with %s: path %d (%s) taken out: %s", control_.direction(),
-          control_.peerName().c_str(), path, nicName(path).c_str(), why.c_str());
+  RN_INFO(NCCL_NET, "NET/railnet: %s connection with %s: path %d (%s) %s: %s", control_.direction(),
+          control_.peerName().c_str(), path, nicName(path).c_str(),
+          p.retiring ? "hands its traffic back" : "taken out", why.c_str());
   if (tellPeer) sendPathFrame(protocol::FrameType::kPathDown, path, nullptr, 0);
-  moveControlOff(path);
-  if (livePaths() == 0) {
-    std::string tried;
-    for (size_t q = 0; q < paths_.size(); ++q) {
-      const std::string name = nicName(static_cast<int>(q));
-      if (tried.find(name) == std::string::npos) tried += (tried.empty() ? "" : ", ") + name;
+  if (!p.retiring) moveControlOff(path);
+  const bool standbyUsable = standbyPath_ >= 0 && path != standbyPath_ && nicUp(standbyPath_);
+  if (livePaths() == 0 && standbyUsable) {
+    // Requests wait for the standby path (the sender makes it at once) or for a failed path to be made again. With
+    // its port down too, nothing can come back soon: the connection fails below, as when every path failed.
+    strandedSince_ = p.downSince;
+    strandedWhy_ = nicName(path) + ": " + why;
+    Path& standby = paths_[static_cast<size_t>(standbyPath_)];
+    if (standby.resting) {
+      standby.resting = false;
+      --restingPaths_;
+      standby.downSince = p.downSince;
+      standby.nextProbe = p.downSince;
+      standby.probeInterval = kFirstProbe;
+      standby.probes = 0;
+      RN_INFO(NCCL_NET, "NET/railnet: %s connection with %s: its only path failed; its standby path %d (%s) is made "
+              "now", control_.direction(), control_.peerName().c_str(), standbyPath_, nicName(standbyPath_).c_str());
     }
-    control_.recordFailure("every path failed (NICs tried: " + tried + "); the last: " + why);
+    return true;
+  }
+  if (livePaths() == 0) {
+    control_.recordFailure("every path failed (NICs tried: " + triedNicNames() + "); the last: " + why);
   }
   return true;
 }
@@ -106,7 +139,7 @@ void VerbsConnection::watchPorts() {
     seenPortUps_[nic] = ups;
     for (size_t p = 0; p < paths_.size(); ++p) {
       Path& path = paths_[p];
-      if (path.nic != static_cast<int>(nic)) continue;
+      if (path.nic != static_cast<int>(nic) || path.resting) continue;
       if (wentDown && path.state == PathState::kLive) {
         failPath(static_cast<int>(p), "port " + std::to_string(nics_[nic]->port().port) + " of " +
                                           nics_[nic]->port().device + " went down (async event PORT_ERR)");
@@ -118,8 +151,8 @@ void VerbsConnection::watchPorts() {
 }
 
 void VerbsConnection::sendPathFrame(protocol::FrameType type, int path, const void* payload, size_t bytes,
-                                    uint32_t generation) {
-  protocol::FrameHeader frame{static_cast<uint8_t>(type), static_cast<uint8_t>(path), 0,
+                                    uint32_t generation, uint16_t flags) {
+  protocol::FrameHeader frame{static_cast<uint8_t>(type), static_cast<uint8_t>(path), flags,
                               generation == UINT32_MAX ? this->generation(path) : generation, bytes};
   control_.send(&frame, sizeof(frame), payload, bytes);  // one call: a resumable channel logs whole frames
 }
@@ -140,7 +173,39 @@ bool VerbsConnection::unexpectedFrame(const protocol::FrameHeader& frame) {
   return false;
 }
 
+void VerbsConnection::failIfStranded() {
+  if (standbyPath_ < 0 || livePaths_ != 0 || control_.failed()) return;
+  const uint64_t limit = static_cast<uint64_t>(settings().failoverResumeMs);
+  // Every local port of the connection down: nothing comes back soon, so it fails now.
+  bool portUp = false;
+  for (size_t q = 0; q < paths_.size(); ++q) portUp = portUp || nicUp(static_cast<int>(q));
+  if (portUp && millisecondsSince(strandedSince_) <= limit) return;
+  control_.recordFailure("every path failed and none was made again " +
+                         (portUp ? "within " + std::to_string(limit) + " ms" : std::string("(every port is down)")) +
+                         " (NICs tried: " + triedNicNames() + "); the last: " + strandedWhy_);
+}
+
+bool VerbsConnection::rest(int path) {
+  Path& p = paths_[static_cast<size_t>(path)];
+  if (!p.retiring) return false;
+  p.retiring = false;
+  if (livePaths_ == 0) {
+    // The own path failed again while the standby handed its traffic back: it is needed at once (markDown).
+    p.nextProbe = std::chrono::steady_clock::now();
+    p.probeInterval = kFirstProbe;
+    return false;
+  }
+  p.resting = true;
+  ++restingPaths_;
+  p.state = PathState::kDown;
+  p.probeInterval = std::chrono::milliseconds(0);
+  RN_INFO(NCCL_NET, "NET/railnet: %s connection with %s: standby path %d (%s) rests again", control_.direction(),
+          control_.peerName().c_str(), path, nicName(path).c_str());
+  return true;
+}
+
 void VerbsConnection::markDown(int path) {
+  if (rest(path)) return;
   Path& p = paths_[static_cast<size_t>(path)];
   p.state = PathState::kDown;
   if (p.probeInterval.count() == 0) {
@@ -151,7 +216,7 @@ void VerbsConnection::markDown(int path) {
 
 bool VerbsConnection::probeDue(int path, std::chrono::steady_clock::time_point now) {
   Path& p = paths_[static_cast<size_t>(path)];
-  if (p.state != PathState::kDown || now < p.nextProbe || !nicUp(path)) return false;
+  if (p.state != PathState::kDown || p.resting || now < p.nextProbe || !nicUp(path)) return false;
   const uint64_t cap = static_cast<uint64_t>(settings().failoverProbes);
   if (cap != 0 && p.probes >= cap) return false;
   ++p.probes;
@@ -186,11 +251,34 @@ void VerbsConnection::connectPath(int path, const QpInfo& remote) {
   }
   p.qps->connect(remote);
   const uint64_t outMs = millisecondsSince(p.downSince);
-  p.counters->addDegraded(outMs);
+  if (p.resting) {  // the receiver's standby, made by the sender before this end saw its path fail
+    p.resting = false;
+    --restingPaths_;
+  }
   p.state = PathState::kLive;
   ++livePaths_;
   ++p.generation;
   p.probeInterval = std::chrono::milliseconds(0);
+  if (p.standby) {
+    // The move (D96): the standby's NIC counts a moved connection, cross-rail when the rails differ; the failed
+    // path's NIC counts the time out when it is made again.
+    const int16_t rail = nics_[static_cast<size_t>(p.nic)]->port().info.railId;
+    p.counters->addMoved(rail, p.qps->remoteRail());
+    const char* format = "NET/railnet: %s connection with %s: moved to its standby path %d (%s, rail %d; the peer's "
+                         "rail %d%s), degraded until its own path answers again";
+    const char* cross = rail >= 0 && p.qps->remoteRail() >= 0 && rail != p.qps->remoteRail() ? ", cross-rail" : "";
+    if (sender_) {
+      RN_WARN(format, control_.direction(), control_.peerName().c_str(), path, nicName(path).c_str(), rail,
+              p.qps->remoteRail(), cross);
+    } else {
+      RN_INFO(NCCL_NET, format, control_.direction(), control_.peerName().c_str(), path, nicName(path).c_str(), rail,
+              p.qps->remoteRail(), cross);
+    }
+    p.probes = 0;
+    if (sender_ && control_.resumable()) control_.stopAvoiding(p.nic);
+    return;
+  }
+  p.counters->addDegraded(outMs);
   // One WARN per event: the sender's (it probed); the receiver's side of it is INFO.
   const char* format = "NET/railnet: %s connection with %s: path %d (%s) answers again %.1f s after it failed (probe "
                        "%llu): new QPs carry its traffic";

@@ -8,13 +8,14 @@
 namespace railnet::verbs {
 
 VerbsConnection::VerbsConnection(std::vector<std::shared_ptr<VerbsDevice>> nics, int peerNics, protocol::Fd control,
-                     const protocol::SocketAddress& peer, const char* direction, const QpOptions& options)
+                     const protocol::SocketAddress& peer, const char* direction, const QpOptions& options,
+                     int standbyNic)
     : nics_(std::move(nics)),
       control_(std::move(control), peer, direction),
       options_(options),
       peerNics_(peerNics),
       sender_(strcmp(direction, "send") == 0) {
-  if (nics_.empty() || nics_.size() > kMaxNics) {
+  if (nics_.empty() || nics_.size() > kMaxNics || standbyNic >= static_cast<int>(nics_.size())) {
     fail(ncclInternalError, "NET/railnet: a verbs connection over %zu NICs", nics_.size());
   }
   if (peerNics < 1 || peerNics > kMaxNics) {
@@ -25,20 +26,31 @@ VerbsConnection::VerbsConnection(std::vector<std::shared_ptr<VerbsDevice>> nics,
     seenPortDowns_.push_back(nic->portDowns());
     seenPortUps_.push_back(nic->portUps());
   }
-  const int pathCount = std::max(static_cast<int>(nics_.size()), peerNics);
-  paths_.resize(static_cast<size_t>(pathCount));
+  // A standby NIC after the device's own is not one of the device's NICs: it carries only the standby path.
+  const int deviceNics = static_cast<int>(nics_.size()) - (standbyNic > 0 ? 1 : 0);
+  const int pathCount = std::max(deviceNics, peerNics);
+  paths_.resize(static_cast<size_t>(pathCount + (standbyNic >= 0 ? 1 : 0)));
   livePaths_ = pathCount;
-  for (int p = 0; p < pathCount; ++p) {
-    Path& path = paths_[static_cast<size_t>(p)];
-    path.nic = p % static_cast<int>(nics_.size());
+  for (size_t p = 0; p < paths_.size(); ++p) {
+    Path& path = paths_[p];
+    path.nic = static_cast<int>(p) < pathCount ? static_cast<int>(p) % deviceNics : standbyNic;
     const VerbsPort& port = nics_[static_cast<size_t>(path.nic)]->port();
+    // The standby's QPs wait in INIT (their buffers posted like every path's) and are replaced when it is made.
     path.qps = std::make_unique<QueuePairs>(nics_[static_cast<size_t>(path.nic)], options, this);
     path.counters = &nicCounters(port.info.name, port.info.railId);
+  }
+  if (standbyNic >= 0) {
+    standbyPath_ = pathCount;
+    Path& standby = paths_.back();
+    standby.standby = true;
+    standby.resting = true;
+    standby.state = PathState::kDown;
+    restingPaths_ = 1;
   }
   for (int p = 0; p < pathCount; ++p) {
     QpInfo info = paths_[static_cast<size_t>(p)].qps->localInfo();
     info.path = static_cast<uint8_t>(p);
-    info.paths = static_cast<uint8_t>(pathCount);
+    info.paths = static_cast<uint8_t>(paths_.size());
     control_.send(&info, sizeof(info));
   }
 }
@@ -46,7 +58,9 @@ VerbsConnection::VerbsConnection(std::vector<std::shared_ptr<VerbsDevice>> nics,
 bool VerbsConnection::ready() {
   if (ready_ || control_.failed()) return ready_;
   if (!control_.flush()) return false;
-  const size_t recordBytes = sizeof(QpInfo) * paths_.size();
+  // No record for the standby path: it is made when it is needed (kPathRenew).
+  const size_t records = paths_.size() - (standbyPath_ >= 0 ? 1 : 0);
+  const size_t recordBytes = sizeof(QpInfo) * records;
   if (control_.size() < recordBytes) {
     ssize_t got = control_.read();
     if (got == protocol::kEndOfStream) {
@@ -70,11 +84,11 @@ bool VerbsConnection::ready() {
     }
     if (control_.size() < recordBytes) return false;
   }
-  std::vector<QpInfo> remote(paths_.size());
+  std::vector<QpInfo> remote(records);
   memcpy(remote.data(), control_.data(), recordBytes);
   control_.consume(recordBytes);
   try {
-    for (size_t p = 0; p < paths_.size(); ++p) {
+    for (size_t p = 0; p < records; ++p) {
       if (remote[p].magic == kQpInfoMagic && (remote[p].path != p || remote[p].paths != paths_.size())) {
         fail(ncclSystemError, "NET/railnet: QP record %zu of %s names path %u of %u", p, control_.peerName().c_str(),
              remote[p].path, remote[p].paths);
@@ -95,6 +109,7 @@ bool VerbsConnection::ready() {
     }
   }
   for (Path& path : paths_) {
+    if (path.standby) continue;  // counted when it is made (addMoved)
     path.counters->addConnection(nics_[static_cast<size_t>(path.nic)]->port().info.railId, path.qps->remoteRail());
   }
   ready_ = true;

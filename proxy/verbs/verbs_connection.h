@@ -5,6 +5,9 @@
 // A physical device has one NIC and a connection has one path. A fused device (NIC fusion, ABI v9+) has L NICs
 // ; with a peer of R NICs a connection has P = max(L, R) paths, path p on local NIC p % L and the
 // peer's NIC p % R, so every NIC at both ends carries traffic (docs/fusion.md, "The fused verbs connection").
+// A connection between two single-NIC devices that fail over has one more path, its standby (D96): on this host's
+// nearest other NIC (or its own, when it has none) and the peer's; it rests, carrying nothing, until every other path
+// has failed, then the sender makes it, and it hands the traffic back once the original path is made again.
 #pragma once
 
 #include <atomic>
@@ -51,10 +54,13 @@ enum class PathState : uint8_t {
 
 class VerbsConnection final : public QpEventSink, public MemoryRegistrar {
  public:
-  // nics: the local device's NICs (1 for a physical device); peerNics: the peer's count from the handshake
-  // (PeerInfo::nicCount). Creates the paths' QPs (INIT) and sends one QP record per path. Throws railnet::Error.
+  // nics: the local device's NICs (1 for a physical device), then its standby NIC when that is another one;
+  // peerNics: the peer's count from the handshake (PeerInfo::nicCount); standbyNic: the NIC (an index into nics) of
+  // the standby path, or -1 for none (wire.h kFeatureStandbyPath). Creates the paths' QPs (INIT) and sends one QP
+  // record per path but the standby. Throws railnet::Error.
   VerbsConnection(std::vector<std::shared_ptr<VerbsDevice>> nics, int peerNics, protocol::Fd control,
-            const protocol::SocketAddress& peer, const char* direction, const QpOptions& options);
+            const protocol::SocketAddress& peer, const char* direction, const QpOptions& options,
+            int standbyNic = -1);
   ~VerbsConnection() override;  // counts the time paths still out were degraded
   VerbsConnection(const VerbsConnection&) = delete;
   VerbsConnection& operator=(const VerbsConnection&) = delete;
@@ -67,7 +73,14 @@ class VerbsConnection final : public QpEventSink, public MemoryRegistrar {
   int nics() const { return static_cast<int>(nics_.size()); }
   int paths() const { return static_cast<int>(paths_.size()); }
   int nicOf(int path) const { return paths_[static_cast<size_t>(path)].nic; }
-  int peerNicOf(int path) const { return path % peerNics_; }
+  // The standby path's peer NIC is the peer's first listener after its device's own (its spare, when it has one).
+  int peerNicOf(int path) const { return standby(path) ? peerNics_ : path % peerNics_; }
+  bool standby(int path) const { return paths_[static_cast<size_t>(path)].standby; }
+  int standbyPath() const { return standbyPath_; }  // -1: none
+  // The standby path while it carries nothing and is not being made: no traffic, no probes, not counted as out.
+  bool resting(int path) const { return paths_[static_cast<size_t>(path)].resting; }
+  // Some path that is not resting leaves from the NIC (an iflush reads through those only).
+  bool nicInUse(int nic) const;
   QueuePairs& qps(int path) { return *paths_[static_cast<size_t>(path)].qps; }
   VerbsDevice& device(int nic) { return *nics_[static_cast<size_t>(nic)]; }
   std::shared_ptr<VerbsDevice> devicePtr(int nic) const { return nics_[static_cast<size_t>(nic)]; }
@@ -126,7 +139,8 @@ class VerbsConnection final : public QpEventSink, public MemoryRegistrar {
   uint32_t generation(int path) const { return paths_[static_cast<size_t>(path)].generation; }
   // Kept by failPath and connectPath, the only changes into or out of kLive: the data path asks on every message.
   int livePaths() const { return livePaths_; }
-  bool allLive() const { return livePaths_ == static_cast<int>(paths_.size()); }
+  // Every path but a resting standby carries traffic: the usual case, nothing to do for failover.
+  bool allLive() const { return livePaths_ + restingPaths_ == static_cast<int>(paths_.size()); }
   // The (k mod n)-th of the n live paths: where new traffic goes; -1 when none is live.
   int livePath(uint64_t k) const;
   // Signaled work requests posted on a path and not yet completed, per direction of the work (send queue, receive
@@ -139,15 +153,24 @@ class VerbsConnection final : public QpEventSink, public MemoryRegistrar {
   }
   // Takes a live path out: its QPs go to the error state (their work requests complete, flushed), its NIC counts a
   // failure, and the peer hears of it (kPathDown) unless it told us. With no live path left the connection fails,
-  // naming the peer and the NICs tried. False when the path was not live.
+  // naming the peer and the NICs tried, unless it has a standby path: that is made then (the sender's probe, at
+  // once), and the connection fails only when no path is live for RAILNET_FAILOVER_RESUME_MS (failIfStranded).
+  // A standby path taken out while another path is live hands its traffic back (retiring): no failure is counted,
+  // and once drained it rests again. False when the path was not live.
   bool failPath(int path, const std::string& why, bool tellPeer = true);
+  // A connection with a standby path and no live path for RAILNET_FAILOVER_RESUME_MS fails (both ends' calls).
+  void failIfStranded();
+  // A drained standby path that was retiring rests again; true when it did (markDown's alternative).
+  bool rest(int path);
+  bool retiring(int path) const { return paths_[static_cast<size_t>(path)].retiring; }
   // Port events since the last look: every live path on a NIC whose port went down is taken out; a down path whose
   // NIC's port came back is due for a probe at once.
   void watchPorts();
-  // A path frame (wire.h kPathDown..kPathRenew) about `path`'s current generation (or `generation`: the receiver's
-  // answer to a renewal names the one it replaced), with its payload.
+  // A path frame (wire.h kPathDown..kPathReady) about `path`'s current generation (or `generation`: the receiver's
+  // answer to a renewal names the one it replaced), with its payload; `flags` go in the header's extraKeys field
+  // (kRenewPortDown).
   void sendPathFrame(protocol::FrameType type, int path, const void* payload, size_t bytes,
-                     uint32_t generation = UINT32_MAX);
+                     uint32_t generation = UINT32_MAX, uint16_t flags = 0);
   // A path frame's path: -1 (a protocol error, recorded) when the connection has none such; *current false for a
   // frame about an earlier incarnation of the path (ignored). unexpectedFrame records a frame of no use here.
   int framePath(const protocol::FrameHeader& frame, bool* current);
@@ -166,6 +189,7 @@ class VerbsConnection final : public QpEventSink, public MemoryRegistrar {
   std::string nicName(int path) const;
   const std::string& whyDown(int path) const { return paths_[static_cast<size_t>(path)].why; }
   std::string liveNicNames() const;
+  std::string triedNicNames() const;  // every path's NIC, once each: what a connection that failed had tried
 
   // ---- the resumable control channel (control_failover.cc; docs/failover.md "Verbs", D94); comm's lock ----
   // With path failover on, the control socket is resumable as TCP's is (D87): frames are numbered from the end of
@@ -189,6 +213,9 @@ class VerbsConnection final : public QpEventSink, public MemoryRegistrar {
  private:
   struct Path {
     int nic = 0;
+    bool standby = false;   // the standby path (D96)
+    bool resting = false;   // guarded by the comm's lock, as below
+    bool retiring = false;  // taken out to hand its traffic back to the path that was made again
     std::unique_ptr<QueuePairs> qps;
     NicCounters* counters = nullptr;
     // Failover, guarded by the comm's lock.
@@ -211,6 +238,10 @@ class VerbsConnection final : public QpEventSink, public MemoryRegistrar {
   std::vector<uint64_t> seenPortUps_;
   std::atomic<bool> failover_{false};
   int livePaths_ = 0;  // guarded by the comm's lock
+  int restingPaths_ = 0;  // guarded by the comm's lock: 1 while the standby path rests
+  int standbyPath_ = -1;
+  std::chrono::steady_clock::time_point strandedSince_;  // the last live path's failure, while none is live
+  std::string strandedWhy_;
   bool ready_ = false;
   int peerNics_ = 1;
   bool sender_ = false;

@@ -11,8 +11,8 @@ namespace railnet::verbs {
 
 VerbsRecvComm::VerbsRecvComm(std::vector<std::shared_ptr<VerbsDevice>> nics, int peerNics, protocol::Fd control,
                              const protocol::SocketAddress& peer, const QpOptions& options, bool failover,
-                             const protocol::ResumeOptions* resume)
-    : connection_(std::move(nics), peerNics, std::move(control), peer, "receive", options) {
+                             const protocol::ResumeOptions* resume, int standbyNic)
+    : connection_(std::move(nics), peerNics, std::move(control), peer, "receive", options, standbyNic) {
   if (failover) connection_.enableFailover();
   if (failover && resume != nullptr) {
     connection_.planResume(*resume, std::chrono::milliseconds(settings().failoverSilenceMs));
@@ -172,6 +172,7 @@ void VerbsRecvComm::applyNotice(int path, const Notice& notice, uint32_t bytes) 
 
 void VerbsRecvComm::pollCompletions() {
   for (int path = 0; path < connection_.paths(); ++path) {
+    if (connection_.resting(path)) continue;  // a resting standby's QPs wait in INIT: nothing completes there
     connection_.drainCompletions(path, [&](const ibv_wc& completion) {
       if ((completion.wr_id & kClearToSendTag) != 0) {
         // A clear-to-send of ours arrived: they complete in the order they were posted.
@@ -329,7 +330,7 @@ ncclResult_t VerbsRecvComm::iflush(int n, void** data, const int* sizes, MemoryR
   for (int nic = 0; nic < connection_.nics(); ++nic) {
     std::unique_ptr<LoopbackFlush>& qp = flush_[static_cast<size_t>(nic)];
     if (qp && qp->broken()) retiredFlushes_.push_back(std::move(qp));
-    if (qp) continue;
+    if (qp || !connection_.nicInUse(nic)) continue;  // a resting standby's NIC wrote nothing
     try {
       qp = std::make_unique<LoopbackFlush>(connection_.devicePtr(nic));
     } catch (const std::exception& e) {
@@ -346,7 +347,7 @@ ncclResult_t VerbsRecvComm::iflush(int n, void** data, const int* sizes, MemoryR
     }
   }
   bool full = flush == nullptr;
-  for (const std::unique_ptr<LoopbackFlush>& qp : flush_) full = full || qp->inFlight() >= qp->capacity();
+  for (const std::unique_ptr<LoopbackFlush>& qp : flush_) full = full || (qp && qp->inFlight() >= qp->capacity());
   if (full) {
     RN_WARN("NET/railnet: more than %zu flushes in flight for %s", flushRequests_.size(), control.peerName().c_str());
     return ncclInternalError;
@@ -356,6 +357,7 @@ ncclResult_t VerbsRecvComm::iflush(int n, void** data, const int* sizes, MemoryR
   flush->error_.clear();
   // A NIC orders only its own writes, so a fused comm READs through every nic (as NCCL's merged devices do).
   for (int nic = 0; nic < connection_.nics(); ++nic) {
+    if (!connection_.nicInUse(nic)) continue;
     std::string why;
     if (!flush_[static_cast<size_t>(nic)]->post(reinterpret_cast<uint64_t>(flush),
                                                    reinterpret_cast<uint64_t>(data[last]), region->nic(nic).rkey(),

@@ -41,10 +41,11 @@ class VerbsFlushRequest final : public protocol::CommRequest<VerbsRecvComm, Verb
 class VerbsRecvComm final : public RecvComm, private progress::Watched {
  public:
   // nics: the device's NICs (one unless fused); peerNics: the sender's (PeerInfo::nicCount); failover: the sender
-  // asked for path failover (wire.h kFeaturePathFailover; on with two or more paths).
+  // asked for path failover (wire.h kFeaturePathFailover; on with two or more paths); standbyNic: the standby path's
+  // NIC, an index into nics (VerbsConnection), or -1.
   VerbsRecvComm(std::vector<std::shared_ptr<VerbsDevice>> nics, int peerNics, protocol::Fd control,
                 const protocol::SocketAddress& peer, const QpOptions& options, bool failover = false,
-                const protocol::ResumeOptions* resume = nullptr);
+                const protocol::ResumeOptions* resume = nullptr, int standbyNic = -1);
   ~VerbsRecvComm() override;
 
   ncclResult_t irecv(int n, void** data, const size_t* sizes, const int* tags, MemoryRegion** mrs,

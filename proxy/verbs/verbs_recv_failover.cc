@@ -10,8 +10,10 @@ namespace railnet::verbs {
 
 void VerbsRecvComm::advanceFailover() {
   connection_.watchPorts();
-  // The usual case: nothing is out (a query takes its path out; clear-to-sends move only off a failed path).
-  if (connection_.control().failed() || connection_.allLive()) return;
+  connection_.failIfStranded();
+  // The usual case: nothing is out (a query takes its path out; clear-to-sends move only off a path that is out,
+  // which may be a standby resting again).
+  if (connection_.control().failed() || (connection_.allLive() && connection_.live(clearToSendPath_))) return;
   for (int path = 0; path < connection_.paths(); ++path) {
     if (connection_.state(path) == PathState::kDraining && connection_.drained(path)) connection_.markDown(path);
     if (queried_[static_cast<size_t>(path)] && connection_.state(path) == PathState::kDown) answerQuery(path);
@@ -55,10 +57,11 @@ void VerbsRecvComm::answerQuery(int path) {
 
 void VerbsRecvComm::applyRenew(int path, const char* record, size_t bytes) {
   const uint32_t generation = connection_.generation(path);
-  auto refuse = [&](const std::string& why) {
+  auto refuse = [&](const std::string& why, bool portDown = false) {
     RN_INFO(NCCL_NET, "NET/railnet: receive connection with %s: path %d (%s) cannot be made again yet: %s",
             connection_.control().peerName().c_str(), path, connection_.nicName(path).c_str(), why.c_str());
-    connection_.sendPathFrame(protocol::FrameType::kPathRenew, path, nullptr, 0, generation);
+    connection_.sendPathFrame(protocol::FrameType::kPathRenew, path, nullptr, 0, generation,
+                              portDown ? protocol::kRenewPortDown : 0);
   };
   if (bytes != sizeof(QpInfo)) {
     connection_.control().recordFailure("protocol error: a QP record of " + std::to_string(bytes) + " bytes");
@@ -69,7 +72,7 @@ void VerbsRecvComm::applyRenew(int path, const char* record, size_t bytes) {
     return;
   }
   if (!connection_.nicUp(path)) {
-    refuse("the port of " + connection_.nicName(path) + " is down");
+    refuse("the port of " + connection_.nicName(path) + " is down", true);
     return;
   }
   QpInfo remote;
@@ -108,8 +111,14 @@ bool VerbsRecvComm::applyPathFrame(const protocol::FrameHeader& frame, const cha
       headers.resize(frame.size / sizeof(protocol::ChunkHeader));
       if (!headers.empty()) memcpy(headers.data(), payload, frame.size);
       queried_[static_cast<size_t>(path)] = true;
+      // Drained already (a standby resting again is out of advanceFailover's sight): answered now.
+      if (connection_.state(path) == PathState::kDown) answerQuery(path);
       return !control.failed();
     }
+    case protocol::FrameType::kPathReady:
+      // The sender's QPs of the path are at RTS: clear-to-sends may move there.
+      carriedNotice_[static_cast<size_t>(path)] = true;
+      return true;
     case protocol::FrameType::kPathRenew:
       applyRenew(path, payload, frame.size);
       return !control.failed();

@@ -18,8 +18,9 @@ constexpr uint64_t kStripeAlign = 128;
 
 VerbsSendComm::VerbsSendComm(std::vector<std::shared_ptr<VerbsDevice>> nics, int peerNics, protocol::Fd control,
                              const protocol::SocketAddress& peer, const QpOptions& options, uint64_t minStripeBytes,
-                             const std::optional<HopPlan>& hop, bool failover, const protocol::ResumeOptions* resume)
-    : connection_(std::move(nics), peerNics, std::move(control), peer, "send", options),
+                             const std::optional<HopPlan>& hop, bool failover, const protocol::ResumeOptions* resume,
+                             int standbyNic)
+    : connection_(std::move(nics), peerNics, std::move(control), peer, "send", options, standbyNic),
       requests_(kSendRequests, [this](VerbsSendRequest& request) { request.setOwner(this); }),
       minStripeBytes_(minStripeBytes) {
   if (hop) {
@@ -143,6 +144,7 @@ void VerbsSendComm::completeWork(uint32_t index) {
 
 void VerbsSendComm::pollCompletions() {
   for (int path = 0; path < connection_.paths(); ++path) {
+    if (connection_.resting(path)) continue;  // a resting standby's QPs wait in INIT: nothing completes there
     connection_.drainCompletions(path, [&](const ibv_wc& completion) {
       if (completion.opcode == IBV_WC_RECV) {
         // A clear-to-send frame from the receiver.
@@ -406,6 +408,7 @@ bool VerbsSendComm::postMessage(VerbsSendRequest* request, const char* data, con
 }
 
 void VerbsSendComm::flushHeld() {
+  if (connection_.livePaths() == 0) return;  // held until a path is made again (or the connection failed)
   held_.flush([&](std::vector<HeldMember>& members) {
     if (!freeGroupNotices_.empty()) {
       postGroup(members);
@@ -428,6 +431,11 @@ ncclResult_t VerbsSendComm::isend(void* data, size_t size, int tag, MemoryRegion
   if (connection_.failover()) advanceFailover();
   if (held_.due()) flushHeld();
   if (hop_ != nullptr && !pumpHop()) return control.reportFailure();
+  if (connection_.livePaths() == 0) {
+    // Every path is out while the standby path (or a failed one) is made (D96): new sends wait; NCCL calls again.
+    pumpControl();
+    return control.failed() ? control.reportFailure() : ncclSuccess;
+  }
   std::optional<protocol::ClearToSendQueue::Destination> found = posted_.claim(tag);
   if (!found) {
     // Clear-to-sends come by RDMA; the control socket only says whether the receiver is still there.

@@ -51,10 +51,11 @@ class VerbsSendComm final : public SendComm, private progress::Watched {
   // minStripeBytes: the fusion scheduler's threshold (RAILNET_FUSION_MIN_STRIPE_BYTES).
   // hop: set for a routed connection that sends through the NVLink hop.
   // failover: the connection asked for path failover (wire.h kFeaturePathFailover; on with two or more paths).
+  // standbyNic: the standby path's NIC, an index into nics (VerbsConnection), or -1.
   VerbsSendComm(std::vector<std::shared_ptr<VerbsDevice>> nics, int peerNics, protocol::Fd control,
                 const protocol::SocketAddress& peer, const QpOptions& options, uint64_t minStripeBytes,
                 const std::optional<HopPlan>& hop = std::nullopt, bool failover = false,
-                const protocol::ResumeOptions* resume = nullptr);
+                const protocol::ResumeOptions* resume = nullptr, int standbyNic = -1);
   ~VerbsSendComm() override;
 
   ncclResult_t isend(void* data, size_t size, int tag, MemoryRegion* mr, Request** request) noexcept override;
@@ -173,10 +174,14 @@ class VerbsSendComm final : public SendComm, private progress::Watched {
   // The receiver's answer to a path's query: what it lacks goes again over the live paths. False: protocol error.
   bool applyAnswer(int path, const char* answer, size_t count);
   void startRenew(int path);
-  void applyRenew(int path, const char* record, size_t bytes);
+  // The receiver's answer to a renewal: its QP record, or none (portDown: its NIC is down).
+  void applyRenew(int path, const char* record, size_t bytes, bool portDown);
+  // Posts the work parked while no path was live (applyAnswer) over the live paths.
+  void sendParked();
   // One control frame from the receiver (kPathDown, kPathAnswer, kPathRenew) and its payload. False: recorded.
   bool applyPathFrame(const protocol::FrameHeader& frame, const char* payload);
   std::vector<std::vector<Unknown>> unknown_;  // per path: failed work awaiting its query (then its answer)
+  std::vector<uint32_t> parked_;  // work the receiver lacked, waiting for a live path (standby path, D96)
   std::vector<std::chrono::steady_clock::time_point> pathDeadline_;  // per path: the query's or renewal's answer
 
   std::mutex mutex_;

@@ -21,6 +21,7 @@ void VerbsSendComm::advanceFailover() {
   connection_.watchPorts();
   // The control socket's silence (D94): a clock read per call, a look every eighth of the limit.
   connection_.watchControl(workStarted_, freeWork_.size() != work_.size() || !connection_.allLive());
+  connection_.failIfStranded();
   if (control.failed() || connection_.allLive()) return;  // the usual case: nothing is out
   const auto now = std::chrono::steady_clock::now();
   bool awaitingAnswer = false;
@@ -128,13 +129,17 @@ bool VerbsSendComm::applyAnswer(int path, const char* answer, size_t count) {
       work.destination = member.destination;
     }
     SentWork& work = work_[index];
-    const int to = connection_.livePath(messages_++);
-    if (to < 0) break;  // every path failed: the connection failed with the last
     uint64_t& from = work.request->pathBytes_[path];
     from -= std::min(from, work.header.length);
-    work.request->pathBytes_[to] += work.header.length;
     resentBytes += work.header.length;
     ++resent;
+    const int to = connection_.livePath(messages_++);
+    if (to < 0) {
+      // No path is live: the standby (or a failed path) is being made; it goes once one is (sendParked).
+      parked_.push_back(index);
+      continue;
+    }
+    work.request->pathBytes_[to] += work.header.length;
     postWork(index, to);
   }
   for (int group : groups) {
@@ -143,15 +148,37 @@ bool VerbsSendComm::applyAnswer(int path, const char* answer, size_t count) {
   }
   items.clear();
   if (connection_.control().failed()) return true;
+  if (connection_.retiring(path)) {
+    RN_INFO(NCCL_NET, "NET/railnet: send connection with %s: standby path %d (%s) handed its traffic back; %llu of %zu "
+            "chunks in flight on it, %llu B, went again over %s", connection_.control().peerName().c_str(), path,
+            connection_.nicName(path).c_str(), static_cast<unsigned long long>(resent), count,
+            static_cast<unsigned long long>(resentBytes), connection_.liveNicNames().c_str());
+    connection_.markDown(path);  // rests
+    return true;
+  }
   connection_.counters(path).addResent(resentBytes);
   connection_.markDown(path);
+  const std::string over = connection_.livePaths() == 0 && connection_.standbyPath() >= 0
+                               ? "its standby path (" + connection_.nicName(connection_.standbyPath()) + ") once it is made"
+                               : connection_.liveNicNames();
   RN_WARN("NET/railnet: send connection with %s: path %d (%s) failed (%s); the receiver lacked %llu of %zu chunks in "
           "flight on it, %llu B, sent again over %s; %d of %d paths carry traffic, the failed one is probed from 1 s",
           connection_.control().peerName().c_str(), path, connection_.nicName(path).c_str(),
           connection_.whyDown(path).c_str(), static_cast<unsigned long long>(resent), count,
-          static_cast<unsigned long long>(resentBytes), connection_.liveNicNames().c_str(), connection_.livePaths(),
+          static_cast<unsigned long long>(resentBytes), over.c_str(), connection_.livePaths(),
           connection_.paths());
   return true;
+}
+
+void VerbsSendComm::sendParked() {
+  std::vector<uint32_t> parked;
+  parked.swap(parked_);
+  for (uint32_t index : parked) {
+    const int to = connection_.livePath(messages_++);
+    SentWork& work = work_[index];
+    work.request->pathBytes_[to] += work.header.length;
+    postWork(index, to);
+  }
 }
 
 void VerbsSendComm::startRenew(int path) {
@@ -170,9 +197,16 @@ void VerbsSendComm::startRenew(int path) {
   pathDeadline_[static_cast<size_t>(path)] = answerDeadline();
 }
 
-void VerbsSendComm::applyRenew(int path, const char* record, size_t bytes) {
+void VerbsSendComm::applyRenew(int path, const char* record, size_t bytes, bool portDown) {
   if (connection_.state(path) != PathState::kRenewing) return;  // a late answer to a renewal given up on
   if (bytes == 0) {
+    if (connection_.livePaths() == 0 && portDown) {
+      // No path is live and the receiver cannot take this one (its port is down): fail now rather than at the
+      // stranded limit, so a peer whose every NIC is gone is reported within 2 s (D96).
+      connection_.control().recordFailure("every path failed; the receiver cannot make path " + std::to_string(path) +
+                                          " (" + connection_.nicName(path) + ") either (its port is down)");
+      return;
+    }
     connection_.probeRefused(path, "the receiver cannot take it back yet");
     return;
   }
@@ -186,6 +220,15 @@ void VerbsSendComm::applyRenew(int path, const char* record, size_t bytes) {
     connection_.connectPath(path, remote);
   } catch (const std::exception& error) {
     connection_.probeRefused(path, error.what());
+    return;
+  }
+  // The receiver may send its clear-to-sends here from now on.
+  connection_.sendPathFrame(protocol::FrameType::kPathReady, path, nullptr, 0);
+  sendParked();
+  const int standby = connection_.standbyPath();
+  if (standby >= 0 && standby != path && connection_.live(standby)) {
+    connection_.failPath(standby, "path " + std::to_string(path) + " (" + connection_.nicName(path) +
+                                      ") answers again");
   }
 }
 
@@ -205,7 +248,7 @@ bool VerbsSendComm::applyPathFrame(const protocol::FrameHeader& frame, const cha
       }
       return applyAnswer(path, payload, frame.size);
     case protocol::FrameType::kPathRenew:
-      applyRenew(path, payload, frame.size);
+      applyRenew(path, payload, frame.size, (frame.extraKeys & protocol::kRenewPortDown) != 0);
       return !control.failed();
     default:
       return connection_.unexpectedFrame(frame);

@@ -16,6 +16,7 @@
 #include "proxy/verbs/verbs_send_comm.h"
 #include "railnet/error.h"
 #include "topo/route.h"
+#include "topo/topology.h"
 #include "railnet/log.h"
 #include "railnet/settings.h"
 
@@ -142,7 +143,10 @@ class VerbsTransport final : public Transport {
     if (peer->connectToken == 0) serveHopStaging(dev);
     std::optional<HopPlan> hop;
     const int routed = routeFor(dev, *peer, &hop);
-    protocol::connectStep(peer, optionsFor(nicsOf(routed), hop), comm);
+    // Between two single-NIC devices the connection keeps a standby path (D96); a fused peer's paths fail over
+    // among themselves.
+    const bool standby = peer->nicCount <= 1 && peer->addressCount <= 1;
+    protocol::connectStep(peer, optionsFor(nicsOf(routed), hop, standby), comm);
   }
 
  private:
@@ -223,6 +227,22 @@ class VerbsTransport final : public Transport {
     return nics;
   }
 
+  // A single-NIC device's standby NIC (D96): the nearest other port of the same link layer that takes the same
+  // memory (GPU memory registered for a connection is registered with its standby NIC too) and has an IP when this
+  // port has one (the control socket's re-made routes); -1 when none. Caller holds mutex_.
+  int spareFor(size_t index) const {
+    std::vector<std::string> pciPaths;
+    for (const VerbsPort& port : ports_) pciPaths.push_back(port.info.pciPath);
+    const VerbsPort& own = ports_[index];
+    const bool ownAddress = portAddress(own).has_value();
+    std::vector<int> order = topo::sparesNearest(pciPaths, static_cast<int>(index), [&](int candidate) {
+      const VerbsPort& port = ports_[static_cast<size_t>(candidate)];
+      return port.linkLayer == own.linkLayer && (port.info.ptrSupport & own.info.ptrSupport) == own.info.ptrSupport &&
+             (!ownAddress || portAddress(port).has_value());
+    });
+    return order.empty() ? -1 : order[0];
+  }
+
   // The port's device stays open while any comm uses it.
   std::shared_ptr<VerbsDevice> openPort(size_t index) {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -240,7 +260,10 @@ class VerbsTransport final : public Transport {
     return devices;
   }
 
-  protocol::ConnectOptions optionsFor(const std::vector<size_t>& nics, const std::optional<HopPlan>& hop = std::nullopt) {
+  // askStandby (a sender): the peer is a single-NIC device; a single-NIC sender that fails over then asks for a
+  // standby path (wire.h kFeatureStandbyPath). A receiver adds one when asked.
+  protocol::ConnectOptions optionsFor(const std::vector<size_t>& nics, const std::optional<HopPlan>& hop = std::nullopt,
+                                      bool askStandby = false) {
     protocol::ConnectOptions options = connectOptions_;
     {
       std::lock_guard<std::mutex> lock(mutex_);
@@ -251,38 +274,61 @@ class VerbsTransport final : public Transport {
     // hopping sender keeps its staging pieces' failures fatal.
     const bool failover = settings().failover != 0 && !hop;
     if (failover) options.features |= protocol::kFeaturePathFailover | protocol::kFeatureResume;
+    // The standby path's NIC: the spare when the host has one (after the device's own), else the device's own (a
+    // receiver without a spare). A sender asks only when it has a spare; a receiver honours the ask whatever its
+    // own RAILNET_FAILOVER.
+    std::vector<size_t> standbyNics = nics;
+    int standbyNic = -1;
+    if (nics.size() == 1) {
+      std::lock_guard<std::mutex> lock(mutex_);
+      const int spare = spareFor(nics[0]);
+      if (spare >= 0) standbyNics.push_back(static_cast<size_t>(spare));
+      standbyNic = static_cast<int>(standbyNics.size()) - 1;
+    }
+    if (failover && askStandby && nics.size() == 1 && standbyNics.size() == 2) {
+      options.features |= protocol::kFeatureStandbyPath;
+    }
     // Its control channel is resumable too (D94): re-made sockets leave from and arrive at the ports' own IPs, one per
     // NIC, NIC 0 first; a port without one (InfiniBand) leaves the choice to the kernel and the control socket's
     // address.
     protocol::ResumeOptions resume;
+    std::vector<protocol::SocketAddress> standbyLocals;  // with the standby NIC's, for a connection that has it
     {
       std::lock_guard<std::mutex> lock(mutex_);
-      for (size_t nic : nics) {
-        if (std::optional<protocol::SocketAddress> own = portAddress(ports_[nic])) resume.locals.push_back(*own);
+      for (size_t nic : standbyNics) {
+        if (std::optional<protocol::SocketAddress> own = portAddress(ports_[nic])) standbyLocals.push_back(*own);
       }
     }
-    if (resume.locals.size() != nics.size()) resume.locals.clear();
+    if (standbyLocals.size() != standbyNics.size()) standbyLocals.clear();
+    if (!standbyLocals.empty()) resume.locals.assign(standbyLocals.begin(), standbyLocals.begin() + nics.size());
     resume.stream = options.stream;
     resume.limit = std::chrono::milliseconds(settings().failoverResumeMs);
     resume.cutEvery = static_cast<uint32_t>(settings().faultControlCut);
     QpOptions qp = qpOptions_;
     uint64_t minStripe = minStripeBytes_;
-    options.makeSendComm = [this, nics, qp, minStripe, hop, failover, resume](
-                               protocol::Fd control, std::vector<protocol::Fd>, const protocol::PeerInfo& peer) {
+    const bool standby = (options.features & protocol::kFeatureStandbyPath) != 0;
+    options.makeSendComm = [this, nics, standbyNics, standbyNic, standbyLocals, qp, minStripe, hop, failover, resume,
+                            standby](protocol::Fd control, std::vector<protocol::Fd>, const protocol::PeerInfo& peer) {
       protocol::ResumeOptions session = resume;
       session.key = peer.session;
-      return std::unique_ptr<SendComm>(new VerbsSendComm(openPorts(nics), peer.nicCount, std::move(control), peer.peer,
-                                                         qp, minStripe, hop, failover, &session));
+      if (standby) session.locals = standbyLocals;
+      return std::unique_ptr<SendComm>(new VerbsSendComm(openPorts(standby ? standbyNics : nics), peer.nicCount,
+                                                         std::move(control), peer.peer, qp, minStripe, hop, failover,
+                                                         &session, standby ? standbyNic : -1));
     };
-    options.makeRecvComm = [this, nics, qp, resume](protocol::Fd control, std::vector<protocol::Fd>,
-                                                    const protocol::PeerInfo& peer) {
+    options.makeRecvComm = [this, nics, standbyNics, standbyNic, standbyLocals, qp, resume](
+                               protocol::Fd control, std::vector<protocol::Fd>, const protocol::PeerInfo& peer) {
       protocol::ResumeOptions session = resume;
       session.acceptor = true;
       session.key = peer.session;
       const bool resumable = (peer.features & protocol::kFeatureResume) != 0;
-      return std::unique_ptr<RecvComm>(new VerbsRecvComm(openPorts(nics), peer.nicCount, std::move(control), peer.peer,
-                                                         qp, (peer.features & protocol::kFeaturePathFailover) != 0,
-                                                         resumable ? &session : nullptr));
+      // The sender asked for a standby path: this end's is on its standby NIC (optionsFor).
+      const bool asked = (peer.features & protocol::kFeatureStandbyPath) != 0 && standbyNic >= 0;
+      if (asked) session.locals = standbyLocals;
+      return std::unique_ptr<RecvComm>(new VerbsRecvComm(openPorts(asked ? standbyNics : nics), peer.nicCount,
+                                                         std::move(control), peer.peer, qp,
+                                                         (peer.features & protocol::kFeaturePathFailover) != 0,
+                                                         resumable ? &session : nullptr, asked ? standbyNic : -1));
     };
     return options;
   }

@@ -208,3 +208,19 @@ TEST_CASE("without hwloc the topology is read from sysfs", "[topo]") {
   CHECK(topology.machineCpumap == "000000ff");
   fs::remove_all(root);
 }
+
+TEST_CASE("a single-NIC device's spares rank by the PCI path between them, unknown paths last", "[topo]") {
+  // NIC 0 and NIC 2 share a PCIe switch; NIC 1 is under another host bridge; NIC 3's path is unknown; NIC 4 shares
+  // NIC 0's host bridge only. From NIC 0: 2 (same switch), 4 (same host bridge), 1 (across), 3 (unknown).
+  const std::vector<std::string> paths = {
+      "/sys/devices/pci0000:10/0000:10:01.0/0000:11:00.0/0000:12:00.0/0000:13:00.0",
+      "/sys/devices/pci0000:90/0000:90:01.0/0000:91:00.0/0000:92:00.0/0000:93:00.0",
+      "/sys/devices/pci0000:10/0000:10:01.0/0000:11:00.0/0000:12:01.0/0000:14:00.0",
+      "",
+      "/sys/devices/pci0000:10/0000:10:02.0/0000:21:00.0",
+  };
+  const auto any = [](int) { return true; };
+  CHECK(railnet::topo::sparesNearest(paths, 0, any) == std::vector<int>{2, 4, 1, 3});
+  CHECK(railnet::topo::sparesNearest(paths, 0, [](int dev) { return dev != 2; }) == std::vector<int>{4, 1, 3});
+  CHECK(railnet::topo::sparesNearest({paths[0]}, 0, any).empty());
+}
