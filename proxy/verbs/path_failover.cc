@@ -199,6 +199,7 @@ bool VerbsConnection::rest(int path) {
   ++restingPaths_;
   p.state = PathState::kDown;
   p.probeInterval = std::chrono::milliseconds(0);
+  p.qps.reset();  // drained: nothing of it is in flight; made again with the path (replaceQps)
   RN_INFO(NCCL_NET, "NET/railnet: %s connection with %s: standby path %d (%s) rests again", control_.direction(),
           control_.peerName().c_str(), path, nicName(path).c_str());
   return true;

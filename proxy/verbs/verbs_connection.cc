@@ -35,8 +35,10 @@ VerbsConnection::VerbsConnection(std::vector<std::shared_ptr<VerbsDevice>> nics,
     Path& path = paths_[p];
     path.nic = static_cast<int>(p) < pathCount ? static_cast<int>(p) % deviceNics : standbyNic;
     const VerbsPort& port = nics_[static_cast<size_t>(path.nic)]->port();
-    // The standby's QPs wait in INIT (their buffers posted like every path's) and are replaced when it is made.
-    path.qps = std::make_unique<QueuePairs>(nics_[static_cast<size_t>(path.nic)], options, this);
+    // The standby has no QPs while it rests: they are made with it (replaceQps).
+    if (static_cast<int>(p) < pathCount) {
+      path.qps = std::make_unique<QueuePairs>(nics_[static_cast<size_t>(path.nic)], options, this);
+    }
     path.counters = &nicCounters(port.info.name, port.info.railId);
   }
   if (standbyNic >= 0) {

@@ -81,6 +81,10 @@ class VerbsConnection final : public QpEventSink, public MemoryRegistrar {
   bool resting(int path) const { return paths_[static_cast<size_t>(path)].resting; }
   // Some path that is not resting leaves from the NIC (an iflush reads through those only).
   bool nicInUse(int nic) const;
+  // The QPs each path creates (RAILNET_IB_QPS_PER_CONNECTION): a path's buffers are laid out by it, whether or not
+  // the path has its QPs now.
+  int qpsPerPath() const { return options_.count; }
+  // A path's QPs; the standby has none until it is made (replaceQps) and none once it rests again.
   QueuePairs& qps(int path) { return *paths_[static_cast<size_t>(path)].qps; }
   VerbsDevice& device(int nic) { return *nics_[static_cast<size_t>(nic)]; }
   std::shared_ptr<VerbsDevice> devicePtr(int nic) const { return nics_[static_cast<size_t>(nic)]; }
@@ -107,8 +111,10 @@ class VerbsConnection final : public QpEventSink, public MemoryRegistrar {
   // Takes every finished work request off a path's CQ: successes go to onSuccess, failures to onFailed (whose
   // opcode field is undefined: tell them by wr_id) after the connection took them in: without failover a failure
   // is recorded and fails the connection; with it, the path is taken out (failPath) unless it already is.
+  // A path without QPs (the standby until it is made) has nothing to take.
   template <class OnSuccess, class OnFailed>
   void drainCompletions(int path, OnSuccess&& onSuccess, OnFailed&& onFailed) {
+    if (!paths_[static_cast<size_t>(path)].qps) return;
     ibv_wc completions[32];
     for (;;) {
       int count = ibv_poll_cq(qps(path).cq(), 32, completions);

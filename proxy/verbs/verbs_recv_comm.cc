@@ -26,15 +26,17 @@ VerbsRecvComm::VerbsRecvComm(std::vector<std::shared_ptr<VerbsDevice>> nics, int
   flushRequests_.resize(64);
   for (VerbsFlushRequest& flush : flushRequests_) flush.setOwner(this);
   flush_.resize(static_cast<size_t>(connection_.nics()));
-  size_t qps = 0;
-  for (int path = 0; path < connection_.paths(); ++path) qps += static_cast<size_t>(connection_.qps(path).created());
-  notices_.resize(qps * kNoticesPerQp);
+  // Every path holds as many QPs' buffers as path 0 (postNotice), the standby's included once it is made.
+  notices_.resize(static_cast<size_t>(connection_.paths()) * static_cast<size_t>(connection_.qpsPerPath()) *
+                  kNoticesPerQp);
   noticeRegion_ = connection_.registerMemory(notices_.data(), notices_.size() * sizeof(Notice), NCCL_PTR_HOST);
   ctsFrames_.resize(kRing * kClearToSendBytes);
   ctsFrameBytes_.resize(kRing);
   ctsRegion_ = connection_.registerMemory(ctsFrames_.data(), ctsFrames_.size(), NCCL_PTR_HOST);
-  // Posted before the QPs reach RTR, so no notice can arrive without a buffer.
-  for (int path = 0; path < connection_.paths(); ++path) postNotices(path);
+  // Posted before the QPs reach RTR, so no notice can arrive without a buffer (a standby's when it is made).
+  for (int path = 0; path < connection_.paths(); ++path) {
+    if (!connection_.resting(path)) postNotices(path);
+  }
   watchdog_.start(this);
 }
 
@@ -56,7 +58,7 @@ void VerbsRecvComm::postNotices(int path) {
 void VerbsRecvComm::postNotice(int path, int qpIndex, int bufferIndex) {
   // Paths before this one hold their QPs' buffers first (every path has the same QP count until connect()
   // lowers it to the peer's, which only leaves buffers at the end unused).
-  size_t index = (static_cast<size_t>(path) * static_cast<size_t>(connection_.qps(0).created()) +
+  size_t index = (static_cast<size_t>(path) * static_cast<size_t>(connection_.qpsPerPath()) +
                   static_cast<size_t>(qpIndex)) * kNoticesPerQp + static_cast<size_t>(bufferIndex);
   ibv_sge sge{reinterpret_cast<uint64_t>(&notices_[index]), sizeof(Notice),
               noticeRegion_->nic(connection_.nicOf(path)).lkey()};
@@ -172,7 +174,6 @@ void VerbsRecvComm::applyNotice(int path, const Notice& notice, uint32_t bytes) 
 
 void VerbsRecvComm::pollCompletions() {
   for (int path = 0; path < connection_.paths(); ++path) {
-    if (connection_.resting(path)) continue;  // a resting standby's QPs wait in INIT: nothing completes there
     connection_.drainCompletions(path, [&](const ibv_wc& completion) {
       if ((completion.wr_id & kClearToSendTag) != 0) {
         // A clear-to-send of ours arrived: they complete in the order they were posted.
@@ -185,7 +186,7 @@ void VerbsRecvComm::pollCompletions() {
       size_t index = completion.wr_id;
       applyNotice(path, notices_[index], completion.byte_len);
       if (!connection_.live(path)) return;  // a notice that made it before its path failed: counted, not reposted
-      const size_t perPath = static_cast<size_t>(connection_.qps(0).created()) * kNoticesPerQp;
+      const size_t perPath = static_cast<size_t>(connection_.qpsPerPath()) * kNoticesPerQp;
       postNotice(path, static_cast<int>(index % perPath / kNoticesPerQp), static_cast<int>(index % kNoticesPerQp));
     }, [&](const ibv_wc& completion) {
       // Flushed or failed (the connection took it in): only the count of what the path still holds changes.

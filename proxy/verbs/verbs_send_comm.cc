@@ -48,8 +48,9 @@ VerbsSendComm::VerbsSendComm(std::vector<std::shared_ptr<VerbsDevice>> nics, int
   pathDeadline_.resize(paths);
   ctsBuffers_.resize(paths * kClearToSendBuffers * kClearToSendBytes);
   ctsRegion_ = connection_.registerMemory(ctsBuffers_.data(), ctsBuffers_.size(), NCCL_PTR_HOST);
-  // Posted before the QPs reach RTR, so no clear-to-send can arrive without a buffer.
+  // Posted before the QPs reach RTR, so no clear-to-send can arrive without a buffer (a standby's when it is made).
   for (int path = 0; path < connection_.paths(); ++path) {
+    if (connection_.resting(path)) continue;
     for (size_t i = 0; i < kClearToSendBuffers; ++i) postClearToSendBuffer(path, i);
   }
   watchdog_.start(this);
@@ -144,7 +145,6 @@ void VerbsSendComm::completeWork(uint32_t index) {
 
 void VerbsSendComm::pollCompletions() {
   for (int path = 0; path < connection_.paths(); ++path) {
-    if (connection_.resting(path)) continue;  // a resting standby's QPs wait in INIT: nothing completes there
     connection_.drainCompletions(path, [&](const ibv_wc& completion) {
       if (completion.opcode == IBV_WC_RECV) {
         // A clear-to-send frame from the receiver.
