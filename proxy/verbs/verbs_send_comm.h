@@ -176,12 +176,12 @@ class VerbsSendComm final : public SendComm, private progress::Watched {
   void startRenew(int path);
   // The receiver's answer to a renewal: its QP record, or none (portDown: its NIC is down).
   void applyRenew(int path, const char* record, size_t bytes, bool portDown);
-  // Posts the work parked while no path was live (applyAnswer) over the live paths.
+  // Posts the work the receiver lacked (applyAnswer) over the live paths; it stays parked while none is live.
   void sendParked();
   // One control frame from the receiver (kPathDown, kPathAnswer, kPathRenew) and its payload. False: recorded.
   bool applyPathFrame(const protocol::FrameHeader& frame, const char* payload);
   std::vector<std::vector<Unknown>> unknown_;  // per path: failed work awaiting its query (then its answer)
-  std::vector<uint32_t> parked_;  // work the receiver lacked, waiting for a live path (standby path, D96)
+  std::vector<uint32_t> parked_;  // work the receiver lacked, to send again (while no path is live: the standby, D96)
   std::vector<std::chrono::steady_clock::time_point> pathDeadline_;  // per path: the query's or renewal's answer
 
   std::mutex mutex_;

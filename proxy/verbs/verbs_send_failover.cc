@@ -133,14 +133,7 @@ bool VerbsSendComm::applyAnswer(int path, const char* answer, size_t count) {
     from -= std::min(from, work.header.length);
     resentBytes += work.header.length;
     ++resent;
-    const int to = connection_.livePath(messages_++);
-    if (to < 0) {
-      // No path is live: the standby (or a failed path) is being made; it goes once one is (sendParked).
-      parked_.push_back(index);
-      continue;
-    }
-    work.request->pathBytes_[to] += work.header.length;
-    postWork(index, to);
+    parked_.push_back(index);  // sent below, or once a path is made again when none is live (the standby)
   }
   for (int group : groups) {
     groupMembers_[static_cast<size_t>(group)].clear();
@@ -148,6 +141,7 @@ bool VerbsSendComm::applyAnswer(int path, const char* answer, size_t count) {
   }
   items.clear();
   if (connection_.control().failed()) return true;
+  sendParked();
   if (connection_.retiring(path)) {
     RN_INFO(NCCL_NET, "NET/railnet: send connection with %s: standby path %d (%s) handed its traffic back; %llu of %zu "
             "chunks in flight on it, %llu B, went again over %s", connection_.control().peerName().c_str(), path,
@@ -171,14 +165,16 @@ bool VerbsSendComm::applyAnswer(int path, const char* answer, size_t count) {
 }
 
 void VerbsSendComm::sendParked() {
-  std::vector<uint32_t> parked;
-  parked.swap(parked_);
-  for (uint32_t index : parked) {
+  // In the order they were parked; the rest stay when no path is live (the standby is being made).
+  size_t sent = 0;
+  for (; sent < parked_.size() && !connection_.control().failed(); ++sent) {
     const int to = connection_.livePath(messages_++);
-    SentWork& work = work_[index];
+    if (to < 0) break;
+    SentWork& work = work_[parked_[sent]];
     work.request->pathBytes_[to] += work.header.length;
-    postWork(index, to);
+    postWork(parked_[sent], to);
   }
+  parked_.erase(parked_.begin(), parked_.begin() + static_cast<std::ptrdiff_t>(sent));
 }
 
 void VerbsSendComm::startRenew(int path) {
