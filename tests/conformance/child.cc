@@ -307,11 +307,24 @@ int childMain(int argc, char** argv) {
     auto failure = std::find_if(warnings.begin(), warnings.end(),
                                 [](const LogRecord& w) { return w.text.find(" failed: ") != std::string::npos; });
     if (failure == warnings.end()) failure = warnings.begin();
-    std::printf("FAILED %s; WARN: %s\n", e.what(), failure == warnings.end() ? "none" : failure->text.c_str());
+    if (failure == warnings.end()) {
+      std::printf("FAILED %s; WARN: none\n", e.what());
+    } else {
+      std::printf("FAILED %s; WARN: %s%s%lld\n", e.what(), failure->text.c_str(), kWarnedAtMarker,
+                  static_cast<long long>(
+                      std::chrono::duration_cast<std::chrono::nanoseconds>(failure->at.time_since_epoch()).count()));
+    }
     std::fflush(stdout);
     return 1;
   }
   return 0;
+}
+
+std::optional<std::chrono::steady_clock::time_point> childWarnedAt(const std::string& failedLine) {
+  const size_t at = failedLine.rfind(kWarnedAtMarker);
+  if (at == std::string::npos) return std::nullopt;
+  const long long ns = std::strtoll(failedLine.c_str() + at + std::strlen(kWarnedAtMarker), nullptr, 10);
+  return std::chrono::steady_clock::time_point(std::chrono::nanoseconds(ns));
 }
 
 ChildProcess::ChildProcess(const std::vector<std::string>& args, bool withInput) {

@@ -5,7 +5,9 @@
 
 #include <sys/types.h>
 
+#include <chrono>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -18,8 +20,12 @@ namespace conformance {
 // --child-campaign-receiver).
 bool isChildInvocation(int argc, char** argv);
 // Runs the child role; returns the exit code (it normally runs until killed). A child whose call fails prints
-// "FAILED <why>; WARN: <the plugin's first WARN>" on stdout before it exits.
+// "FAILED <why>; WARN: <the plugin's first WARN>" on stdout before it exits, that WARN followed by kWarnedAtMarker
+// and when it was logged (steady clock, ns since its epoch: the same clock in every process of this machine).
 int childMain(int argc, char** argv);
+inline constexpr const char* kWarnedAtMarker = " @warned-ns ";
+// When the WARN of a child's "FAILED ..." line was logged; nullopt when the line carries no time.
+std::optional<std::chrono::steady_clock::time_point> childWarnedAt(const std::string& failedLine);
 
 // Options every child role takes, applied before anything else in the child: `--netns NAME` enters the network
 // namespace /var/run/netns/NAME (made by `ip netns add`; /sys is remounted for it where the child may, as `ip netns

@@ -49,7 +49,7 @@ __attribute__((format(printf, 5, 6))) void logger(ncclDebugLogLevel level, unsig
   }
   LogStore& s = store();
   std::lock_guard<std::mutex> lock(s.mutex);
-  s.records.push_back(LogRecord{s.nextSeq++, static_cast<int>(level), text});
+  s.records.push_back(LogRecord{s.nextSeq++, static_cast<int>(level), text, std::chrono::steady_clock::now()});
   if (s.records.size() > kMaxRecords) s.records.pop_front();
 }
 

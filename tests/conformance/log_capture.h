@@ -15,6 +15,8 @@ struct LogRecord {
   uint64_t seq;  // position in the process-wide log, for "since mark" queries
   int level;
   std::string text;
+  // When it was logged, on the system-wide monotonic clock: comparable across the parent and its children.
+  std::chrono::steady_clock::time_point at;
 };
 
 // The logger NCCL would pass: thread-safe, records every message (bounded), echoes to stderr when verbose.
