@@ -2,6 +2,7 @@
 // the probe schedule, and making a path again with new QPs. The comms own what travels: the sender's query and
 // resend, the receiver's answer and its clear-to-sends.
 #include <algorithm>
+#include <cstdio>
 #include <cstring>
 
 #include "proxy/verbs/verbs_connection.h"
@@ -260,35 +261,30 @@ void VerbsConnection::connectPath(int path, const QpInfo& remote) {
   ++livePaths_;
   ++p.generation;
   p.probeInterval = std::chrono::milliseconds(0);
+  char event[256];
   if (p.standby) {
     // The move (D96): the standby's NIC counts a moved connection, cross-rail when the rails differ; the failed
     // path's NIC counts the time out when it is made again.
     const int16_t rail = nics_[static_cast<size_t>(p.nic)]->port().info.railId;
-    p.counters->addMoved(rail, p.qps->remoteRail());
-    const char* format = "NET/railnet: %s connection with %s: moved to its standby path %d (%s, rail %d; the peer's "
-                         "rail %d%s), degraded until its own path answers again";
-    const char* cross = rail >= 0 && p.qps->remoteRail() >= 0 && rail != p.qps->remoteRail() ? ", cross-rail" : "";
-    if (sender_) {
-      RN_WARN(format, control_.direction(), control_.peerName().c_str(), path, nicName(path).c_str(), rail,
-              p.qps->remoteRail(), cross);
-    } else {
-      RN_INFO(NCCL_NET, format, control_.direction(), control_.peerName().c_str(), path, nicName(path).c_str(), rail,
-              p.qps->remoteRail(), cross);
-    }
-    p.probes = 0;
-    if (sender_ && control_.resumable()) control_.stopAvoiding(p.nic);
-    return;
-  }
-  p.counters->addDegraded(outMs);
-  // One WARN per event: the sender's (it probed); the receiver's side of it is INFO.
-  const char* format = "NET/railnet: %s connection with %s: path %d (%s) answers again %.1f s after it failed (probe "
-                       "%llu): new QPs carry its traffic";
-  if (sender_) {
-    RN_WARN(format, control_.direction(), control_.peerName().c_str(), path, nicName(path).c_str(),
-            static_cast<double>(outMs) / 1000.0, static_cast<unsigned long long>(p.probes));
+    const int16_t peerRail = p.qps->remoteRail();
+    p.counters->addMoved(rail, peerRail);
+    snprintf(event, sizeof(event),
+             "moved to its standby path %d (%s, rail %d; the peer's rail %d%s), degraded until its own path answers "
+             "again",
+             path, nicName(path).c_str(), rail, peerRail,
+             rail >= 0 && peerRail >= 0 && rail != peerRail ? ", cross-rail" : "");
   } else {
-    RN_INFO(NCCL_NET, format, control_.direction(), control_.peerName().c_str(), path, nicName(path).c_str(),
-            static_cast<double>(outMs) / 1000.0, static_cast<unsigned long long>(p.probes));
+    p.counters->addDegraded(outMs);
+    snprintf(event, sizeof(event),
+             "path %d (%s) answers again %.1f s after it failed (probe %llu): new QPs carry its traffic", path,
+             nicName(path).c_str(), static_cast<double>(outMs) / 1000.0, static_cast<unsigned long long>(p.probes));
+  }
+  // One WARN per event: the sender's (it made the path); the receiver's side of it is INFO.
+  if (sender_) {
+    RN_WARN("NET/railnet: %s connection with %s: %s", control_.direction(), control_.peerName().c_str(), event);
+  } else {
+    RN_INFO(NCCL_NET, "NET/railnet: %s connection with %s: %s", control_.direction(), control_.peerName().c_str(),
+            event);
   }
   p.probes = 0;
   if (sender_ && control_.resumable()) control_.stopAvoiding(p.nic);

@@ -26,7 +26,7 @@ VerbsRecvComm::VerbsRecvComm(std::vector<std::shared_ptr<VerbsDevice>> nics, int
   flushRequests_.resize(64);
   for (VerbsFlushRequest& flush : flushRequests_) flush.setOwner(this);
   flush_.resize(static_cast<size_t>(connection_.nics()));
-  // Every path holds as many QPs' buffers as path 0 (postNotice), the standby's included once it is made.
+  // Every path holds qpsPerPath() QPs' buffers (postNotice), the standby's too: it posts them once it is made.
   notices_.resize(static_cast<size_t>(connection_.paths()) * static_cast<size_t>(connection_.qpsPerPath()) *
                   kNoticesPerQp);
   noticeRegion_ = connection_.registerMemory(notices_.data(), notices_.size() * sizeof(Notice), NCCL_PTR_HOST);

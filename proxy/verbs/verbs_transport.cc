@@ -265,41 +265,34 @@ class VerbsTransport final : public Transport {
   protocol::ConnectOptions optionsFor(const std::vector<size_t>& nics, const std::optional<HopPlan>& hop = std::nullopt,
                                       bool askStandby = false) {
     protocol::ConnectOptions options = connectOptions_;
+    // The standby path's NIC (after the device's own): the spare when the host has one, else the device's own (a
+    // receiver without a spare). And the ports' own IPs, the standby's included: the resumable control channel's
+    // re-made sockets leave from and arrive at them (D94), NIC 0 first; a port without one (InfiniBand) leaves the
+    // choice to the kernel and the control socket's address.
+    std::vector<size_t> standbyNics = nics;
+    std::vector<protocol::SocketAddress> standbyLocals;
     {
       std::lock_guard<std::mutex> lock(mutex_);
       options.railId = ports_[nics[0]].info.railId;
-    }
-    options.nicCount = static_cast<uint16_t>(nics.size());
-    // Path failover (docs/failover.md "Verbs"): asked by the sender, on for connections of two or more paths. A
-    // hopping sender keeps its staging pieces' failures fatal.
-    const bool failover = settings().failover != 0 && !hop;
-    if (failover) options.features |= protocol::kFeaturePathFailover | protocol::kFeatureResume;
-    // The standby path's NIC: the spare when the host has one (after the device's own), else the device's own (a
-    // receiver without a spare). A sender asks only when it has a spare; a receiver honours the ask whatever its
-    // own RAILNET_FAILOVER.
-    std::vector<size_t> standbyNics = nics;
-    int standbyNic = -1;
-    if (nics.size() == 1) {
-      std::lock_guard<std::mutex> lock(mutex_);
-      const int spare = spareFor(nics[0]);
+      const int spare = nics.size() == 1 ? spareFor(nics[0]) : -1;
       if (spare >= 0) standbyNics.push_back(static_cast<size_t>(spare));
-      standbyNic = static_cast<int>(standbyNics.size()) - 1;
-    }
-    if (failover && askStandby && nics.size() == 1 && standbyNics.size() == 2) {
-      options.features |= protocol::kFeatureStandbyPath;
-    }
-    // Its control channel is resumable too (D94): re-made sockets leave from and arrive at the ports' own IPs, one per
-    // NIC, NIC 0 first; a port without one (InfiniBand) leaves the choice to the kernel and the control socket's
-    // address.
-    protocol::ResumeOptions resume;
-    std::vector<protocol::SocketAddress> standbyLocals;  // with the standby NIC's, for a connection that has it
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
       for (size_t nic : standbyNics) {
         if (std::optional<protocol::SocketAddress> own = portAddress(ports_[nic])) standbyLocals.push_back(*own);
       }
     }
     if (standbyLocals.size() != standbyNics.size()) standbyLocals.clear();
+    const int standbyNic = nics.size() == 1 ? static_cast<int>(standbyNics.size()) - 1 : -1;
+    options.nicCount = static_cast<uint16_t>(nics.size());
+    // Path failover (docs/failover.md "Verbs"): asked by the sender, on for connections of two or more paths. A
+    // hopping sender keeps its staging pieces' failures fatal.
+    const bool failover = settings().failover != 0 && !hop;
+    if (failover) options.features |= protocol::kFeaturePathFailover | protocol::kFeatureResume;
+    // A sender asks for a standby only when it has a spare; a receiver honours the ask whatever its own
+    // RAILNET_FAILOVER.
+    if (failover && askStandby && nics.size() == 1 && standbyNics.size() == 2) {
+      options.features |= protocol::kFeatureStandbyPath;
+    }
+    protocol::ResumeOptions resume;
     if (!standbyLocals.empty()) resume.locals.assign(standbyLocals.begin(), standbyLocals.begin() + nics.size());
     resume.stream = options.stream;
     resume.limit = std::chrono::milliseconds(settings().failoverResumeMs);
